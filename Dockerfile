@@ -1,0 +1,83 @@
+# syntax=docker/dockerfile:1.7
+# The image every flyscale Flyte task runs in (locally built, pushed, then passed
+# to `pyflyte run --remote --image ...` / `pyflyte register --image ...`).
+#
+# CPU build (default):
+#   docker build -t <registry>/flyscale:<tag> .
+# GPU build: a CUDA torch index and a CUDA lock (the default lock pins torch==2.13.0+cpu):
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 \
+#                --build-arg LOCK_FILE=requirements-cuda.lock -t <registry>/flyscale:<tag>-cuda .
+#
+# Base image: pin by digest for reproducible builds. We pin the full tag here because
+# the digest cannot be looked up from where this file was written. Resolve it with
+#   docker buildx imagetools inspect python:3.11.11-slim-bookworm
+# and build with (or change the default to):
+#   --build-arg BASE_IMAGE=python:3.11.11-slim-bookworm@sha256:<digest>
+# pin: python:3.11.11-slim-bookworm@sha256:<digest>
+ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+
+# ---------------------------------------------------------------------------
+# builder: resolve nothing, install exact pins into a venv we copy out whole.
+# ---------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS builder
+
+# Where torch's wheels live. The CPU index serves torch==2.13.0+cpu (no nvidia-* wheels).
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Exact pins made by `make lock` (uv pip compile); pip never backtracks over them.
+ARG LOCK_FILE=requirements.lock
+
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+RUN python -m venv "${VIRTUAL_ENV}"
+
+WORKDIR /src
+
+# The lock goes in first and alone so that code edits do not re-install 2 GB of wheels.
+COPY ${LOCK_FILE} /tmp/requirements.lock
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX}" -r /tmp/requirements.lock
+
+# Dependencies are already pinned above: --no-deps keeps pip from re-resolving, and
+# --no-build-isolation builds with the lock's setuptools instead of fetching another.
+COPY pyproject.toml README.md ./
+COPY flyscale ./flyscale
+COPY plugins ./plugins
+COPY tasks ./tasks
+COPY workflows ./workflows
+RUN pip install --no-cache-dir --no-deps --no-build-isolation .
+
+# ---------------------------------------------------------------------------
+# runtime: the base image, the venv, a non-root user. No compilers, no sources.
+# ---------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS runtime
+
+LABEL org.opencontainers.image.title="flyscale" \
+      org.opencontainers.image.description="flyscale training-pipeline tasks for Flyte" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+# PYTHONUNBUFFERED: task logs reach `kubectl logs` / the Flyte console as they happen.
+# OMP_NUM_THREADS is deliberately NOT set: flytekit's Elastic launcher sets it per
+# worker (nproc_per_node), and an image-wide value would override that split.
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# A fixed numeric uid lets Kubernetes verify `runAsNonRoot: true` against the image.
+# /root is handed to that user: it is the working directory (see WORKDIR below).
+RUN groupadd --gid 1000 flyscale \
+    && useradd --uid 1000 --gid 1000 --create-home --shell /bin/bash flyscale \
+    && chown flyscale:flyscale /root
+
+COPY --from=builder /opt/venv /opt/venv
+
+# flytekit's fast registration ships the working tree as a tarball and unpacks it into
+# the task's destination dir: `pyflyte register` defaults to /root and `pyflyte run`
+# to "." (the WORKDIR). pyflyte-fast-execute puts that dir on PYTHONPATH, so freshly
+# uploaded code shadows the copy installed in /opt/venv. Keep WORKDIR /root, writable
+# by the task user, so both defaults land in the same place.
+WORKDIR /root
+
+USER 1000:1000

@@ -1,0 +1,204 @@
+"""Typed configuration: one dataclass per stage, grouped in `PipelineConfig`.
+
+These are the workflow's inputs. `pyflyte run ... --cfg configs/x.yaml` loads a YAML preset
+into `PipelineConfig`; every field has a working default, so a preset only names what it
+changes. Each `__post_init__` fails with a ValueError that names the field, so bad config
+stops the run before any data is loaded or any worker is started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if getattr(obj, name) <= 0:
+            raise ValueError(f"{_section(obj)}.{name} must be > 0, got {getattr(obj, name)!r}")
+
+
+def _fraction(obj: Any, name: str, *, lo: float = 0.0, hi: float = 1.0) -> None:
+    value = getattr(obj, name)
+    if not lo <= value <= hi:
+        raise ValueError(f"{_section(obj)}.{name} must be in [{lo}, {hi}], got {value!r}")
+
+
+def _section(obj: Any) -> str:
+    return getattr(obj, "_section", type(obj).__name__)
+
+
+def _known(obj: Any, field_name: str, kind: str, options: str | None = None) -> None:
+    """Fail with the alternatives if a plugin name is unknown, or with the field if its options are bad."""
+    from plugins import registry
+    from plugins.protocols import parse_options
+
+    name = getattr(obj, field_name)
+    where = f"{_section(obj)}.{field_name}"
+    try:
+        plugin = registry.ALL[kind].get(name)
+    except (ValueError, ImportError) as exc:
+        raise ValueError(f"{where}: {exc}") from exc
+    if options is not None:
+        parse_options(plugin, getattr(obj, options), f"{_section(obj)}.{options}")
+
+
+@dataclass
+class DataConfig:
+    """Which dataset to load and how to split it."""
+
+    _section = "data"
+    dataset: str = "digits"
+    options: dict = field(default_factory=dict)  # the dataset plugin's own options
+    val_fraction: float = 0.15
+    test_fraction: float = 0.2
+    seed: int = 0
+    max_quarantine_fraction: float = 0.05  # more bad rows than this fails validation
+
+    def __post_init__(self):
+        _known(self, "dataset", "datasets", options="options")
+        _fraction(self, "val_fraction", lo=0.01, hi=0.5)
+        _fraction(self, "test_fraction", lo=0.01, hi=0.5)
+        _fraction(self, "max_quarantine_fraction")
+
+
+@dataclass
+class AugmentConfig:
+    """Augmentations applied to the training split only."""
+
+    _section = "augment"
+    names: list[str] = field(default_factory=lambda: ["shift", "noise"])
+    copies: int = 1  # augmented copies per training row, added beside the originals
+    options: dict = field(default_factory=dict)  # per-augmentation options
+    seed: int = 0
+
+    def __post_init__(self):
+        from plugins import registry
+        from plugins.protocols import parse_options
+
+        if self.copies < 0:
+            raise ValueError(f"augment.copies must be >= 0, got {self.copies}")
+        for name in self.options:
+            if name not in self.names:
+                raise ValueError(f"augment.options.{name}: {name!r} is not listed in augment.names")
+        for name in self.names:
+            try:
+                plugin = registry.augmentations.get(name)
+            except (ValueError, ImportError) as exc:
+                raise ValueError(f"augment.names: {exc}") from exc
+            parse_options(plugin, self.options.get(name), f"augment.options.{name}")
+
+
+@dataclass
+class ModelConfig:
+    """Which model to build; `options` go to the model plugin's own options dataclass."""
+
+    _section = "model"
+    name: str = "mlp"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        _known(self, "name", "models", options="options")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and parallelism. `batch_size` is per worker; the global batch is batch_size x world."""
+
+    _section = "train"
+    strategy: str = "ddp"
+    epochs: int = 30
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    seed: int = 0
+    options: dict = field(default_factory=dict)  # the strategy's own options
+
+    def __post_init__(self):
+        _known(self, "strategy", "strategies", options="options")
+        _positive(self, "epochs", "batch_size", "lr")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
+class GateConfig:
+    """The evaluation gate a model must pass before it may become champion."""
+
+    _section = "gate"
+    name: str = "min_metric"
+    options: dict = field(default_factory=lambda: {"metric": "accuracy", "threshold": 0.95})
+
+    def __post_init__(self):
+        _known(self, "name", "gates", options="options")
+
+
+@dataclass
+class QuantizeConfig:
+    """Post-training quantization, and how much accuracy it may cost."""
+
+    _section = "quantize"
+    name: str = "dynamic_int8"
+    options: dict = field(default_factory=dict)
+    max_accuracy_drop: float = 0.01  # the quantization gate: int8 may lose at most this much accuracy
+
+    def __post_init__(self):
+        _known(self, "name", "quantizers", options="options")
+        _fraction(self, "max_accuracy_drop")
+
+
+@dataclass
+class MlflowConfig:
+    """Where runs and models go. The tracking URI comes from MLFLOW_TRACKING_URI, else ./mlflow.db."""
+
+    _section = "mlflow"
+    experiment: str = "flyscale"
+    model_name: str = "flyscale-digits"
+    alias: str = "champion"
+
+    def __post_init__(self):
+        for name in ("experiment", "model_name", "alias"):
+            if not getattr(self, name).strip():
+                raise ValueError(f"mlflow.{name} must not be empty")
+
+
+@dataclass
+class PipelineConfig:
+    """Everything one run of `training_pipeline` needs."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"train.lr": 0.002, ...}`: the shape MLflow params and the compare view want."""
+    out: dict[str, Any] = {}
+    items = asdict(cfg).items() if is_dataclass(cfg) else cfg.items()
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> PipelineConfig:
+    """Build a validated PipelineConfig from a (YAML) mapping; unknown keys are errors."""
+    sections = {f.name: f.type for f in fields(PipelineConfig)}
+    kwargs = {}
+    for key, value in (data or {}).items():
+        if key not in sections:
+            raise ValueError(f"unknown config section {key!r}; expected one of {', '.join(sections)}")
+        cls = globals()[sections[key]] if isinstance(sections[key], str) else sections[key]
+        known = {f.name for f in fields(cls)}
+        for sub in value or {}:
+            if sub not in known:
+                raise ValueError(f"{key}.{sub}: unknown field; expected one of {', '.join(sorted(known))}")
+        kwargs[key] = cls(**(value or {}))
+    return PipelineConfig(**kwargs)

@@ -1,0 +1,140 @@
+"""The one module that knows about ranks.
+
+Everything about process groups, RANK/LOCAL_RANK/WORLD_SIZE, samplers and rank-0-only side
+effects lives here. (`IgnoreOutputs` for ranks other than 0 is raised by flytekit's Elastic
+agent itself: only global rank 0's return value becomes the task's output.) Model code and the training loop receive a `DistContext`
+and never look at the environment themselves (tests/test_architecture.py enforces this).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job. `world_size == 1` means a plain single process."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """True on the one process that logs, writes files and talks to MLflow."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+    def all_reduce_sum(self, values: Sequence[float]) -> list[float]:
+        """Sum a few floats over all ranks (identity on one process)."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t.tolist()
+
+    def all_gather_object(self, obj: object) -> list[object]:
+        """Every rank's `obj`, in rank order."""
+        if not self.distributed:
+            return [obj]
+        out: list[object] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def train_sampler(self, dataset: Dataset, *, seed: int, shuffle: bool = True) -> Sampler:
+        """Shard for training: every rank gets the same number of samples (padding, never a hang)."""
+        if self.world_size == 1:
+            g = torch.Generator().manual_seed(seed)
+            return torch.utils.data.RandomSampler(dataset, generator=g) if shuffle else None  # type: ignore[return-value]
+        return DistributedSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=shuffle, seed=seed, drop_last=False
+        )
+
+    def eval_indices(self, n: int) -> range:
+        """This rank's disjoint share of an evaluation set: no padding, so summed counts are exact."""
+        return range(self.rank, n, self.world_size)
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Reshuffle a DistributedSampler for `epoch` (without this every epoch sees one order)."""
+    sampler = loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        sampler.set_epoch(epoch)
+    elif isinstance(sampler, torch.utils.data.RandomSampler) and sampler.generator is not None:
+        # Same contract for one process: the order depends on (seed, epoch), not on history.
+        seed = getattr(sampler, "_flyscale_seed", None)
+        if seed is None:
+            seed = sampler.generator.initial_seed()
+            sampler._flyscale_seed = seed  # type: ignore[attr-defined]
+        sampler.generator.manual_seed(seed + epoch)
+
+
+def backend_for(device: torch.device) -> str:
+    """NCCL for CUDA devices, gloo for everything else."""
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def context_from_env() -> DistContext:
+    """Read the torchrun/torch-elastic environment, without initialising anything."""
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    else:
+        device = torch.device("cpu")
+    return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+@contextlib.contextmanager
+def process_group(timeout_s: float = 300.0) -> Iterator[DistContext]:
+    """Join the job's process group for the duration of the block, then leave it cleanly.
+
+    Under torch-elastic (Flyte's Elastic task, torchrun) the environment names our rank; in a
+    plain process we run alone. The timeout turns a lost peer into an error instead of a hang.
+    """
+    ctx = context_from_env()
+    owns_group = ctx.world_size > 1 and not dist.is_initialized()
+    if owns_group:
+        if ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)
+        dist.init_process_group(backend_for(ctx.device), timeout=timedelta(seconds=timeout_s))
+    configure_logging(ctx)
+    try:
+        yield ctx
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+def configure_logging(ctx: DistContext) -> None:
+    """INFO logs from rank 0; other ranks only warn, so a run's log reads as one process."""
+    level = logging.INFO if ctx.is_main else logging.WARNING
+    logging.getLogger("flyscale").setLevel(level)
+    logging.getLogger("plugins").setLevel(level)
+    logging.getLogger("tasks").setLevel(level)
+

@@ -1,0 +1,49 @@
+"""The run summary: the workflow's output, printed by `pyflyte run` at the end of a local run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flyscale.data import ValidationReport
+from flyscale.evaluation import EvalMetrics
+from flyscale.tracking import Registration
+from plugins.protocols import GateVerdict
+
+
+def _ui_command(uri: str) -> str:
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+
+
+@dataclass
+class RunSummary:
+    """What one pipeline run did, in numbers a person checks first."""
+
+    validation: ValidationReport
+    fp32: EvalMetrics
+    int8: EvalMetrics
+    verdicts: list[GateVerdict]
+    registration: Registration
+
+    def __str__(self) -> str:
+        r, v = self.registration, self.validation
+        lines = [
+            "",
+            "flyscale run summary",
+            f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined",
+            f"  fp32        test accuracy {self.fp32.accuracy:.4f}  macro-F1 {self.fp32.macro_f1:.4f}  "
+            f"size {self.fp32.size_bytes / 1024:.1f} KiB",
+            f"  int8        test accuracy {self.int8.accuracy:.4f}  macro-F1 {self.int8.macro_f1:.4f}  "
+            f"size {self.int8.size_bytes / 1024:.1f} KiB  (drop {self.fp32.accuracy - self.int8.accuracy:+.4f}, "
+            f"{self.fp32.size_bytes / max(self.int8.size_bytes, 1):.2f}x smaller)",
+        ]
+        for g in self.verdicts:
+            lines.append(f"  gate        {g.name}: {'PASSED' if g.passed else 'FAILED'} ({g.reason})")
+        champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved (gate failed)"
+        lines += [
+            f"  mlflow      run {r.run_id} (experiment {r.experiment_id}) at {r.tracking_uri}",
+            f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}; {champion}",
+            f"  mlflow ui   {_ui_command(r.tracking_uri)}",
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,38 @@
+"""Built-in datasets. `digits` ships inside scikit-learn: no network, 1797 8x8 images."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pandera.pandas as pa
+
+from plugins.protocols import DatasetInfo
+
+DIGITS_PIXELS = [f"pixel_{i}" for i in range(64)]
+
+
+class Digits:
+    """scikit-learn's handwritten digits: 64 pixel intensities in [0, 16], labels 0-9."""
+
+    options_type = None
+
+    def load(self, options: None) -> pd.DataFrame:
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()
+        frame = pd.DataFrame(bunch.data.astype("float32"), columns=DIGITS_PIXELS)
+        frame["label"] = bunch.target.astype("int64")
+        return frame
+
+    def info(self, options: None) -> DatasetInfo:
+        return DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=list(DIGITS_PIXELS))
+
+    def row_schema(self, options: None) -> pa.DataFrameSchema:
+        pixel = pa.Column(float, checks=pa.Check.in_range(0.0, 16.0), nullable=False, coerce=True)
+        return pa.DataFrameSchema(
+            {**{c: pixel for c in DIGITS_PIXELS}, "label": pa.Column(int, pa.Check.isin(range(10)), coerce=True)},
+            strict=True,
+            name="digits",
+        )
+
+
+digits = Digits()

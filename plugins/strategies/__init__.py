@@ -1,0 +1,1 @@
+"""Training strategies: functions `(model, data, cfg, ctx) -> TrainResult`, chosen by name."""

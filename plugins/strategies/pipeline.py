@@ -1,0 +1,225 @@
+"""Pipeline parallelism: each rank trains a contiguous slice of the model's layers.
+
+Every rank sees the same global batch of `cfg.batch_size` rows (pipeline parallelism splits the
+model, not the data); `torch.distributed.pipelining` cuts it into micro-batches and streams them
+through the stages with the GPipe or 1F1B schedule. Ranks come only from the `DistContext`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+from flyscale.config import TrainConfig
+from flyscale.distributed import DistContext, set_epoch
+from flyscale.training import EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, make_optimizer
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+@dataclass
+class PipelineOptions:
+    schedule: str = "gpipe"  # "gpipe" (fill, drain) or "1f1b" (less activation memory)
+    microbatches: int = 4  # micro-batches per global batch; must divide train.batch_size
+    split_points: list[int] = field(default_factory=list)  # layer index where each later stage starts; [] = balance
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not isinstance(self.microbatches, int) or self.microbatches <= 0:
+            raise ValueError(f"microbatches must be an integer > 0, got {self.microbatches!r}")
+        points = self.split_points
+        if any(not isinstance(p, int) or p < 1 for p in points):
+            raise ValueError(f"split_points must be layer indices >= 1, got {points}")
+        if any(b <= a for a, b in zip(points, points[1:])):
+            raise ValueError(f"split_points must be strictly increasing, got {points}")
+
+
+def auto_split_points(model: nn.Sequential, n_stages: int) -> list[int]:
+    """Cut points minimising the largest stage's parameter count, then its layer count."""
+    sizes = [sum(p.numel() for p in layer.parameters()) for layer in model]
+    n = len(sizes)
+    prefix = [0]
+    for s in sizes:
+        prefix.append(prefix[-1] + s)
+    inf = (float("inf"), float("inf"))
+    # best[j][i]: the smallest possible (params, layers) of the heaviest stage when layers[:i]
+    # form j stages. A bottleneck DP is exact here because max() is monotone in each argument.
+    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = (0, 0)
+    for j in range(1, n_stages + 1):
+        for i in range(j, n + 1):
+            for p in range(j - 1, i):
+                cand = max(best[j - 1][p], (prefix[i] - prefix[p], i - p))
+                if cand < best[j][i]:
+                    best[j][i], cut[j][i] = cand, p
+    points, i = [], n
+    for j in range(n_stages, 1, -1):
+        i = cut[j][i]
+        points.append(i)
+    return points[::-1]
+
+
+def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> list[nn.Sequential]:
+    """The stages as slices of `model`: they share its parameters and keep its layer names."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"the pipeline strategy needs an nn.Sequential model, got {type(model).__name__}")
+    if len(model) < n_stages:
+        raise ValueError(f"a model of {len(model)} layers cannot be split into {n_stages} pipeline stages")
+    if not split_points:
+        split_points = auto_split_points(model, n_stages)
+    elif len(split_points) != n_stages - 1:
+        raise ValueError(
+            f"split_points must name exactly {n_stages - 1} point(s) for {n_stages} stages (the world size), "
+            f"got {split_points}"
+        )
+    bounds = [0, *split_points, len(model)]
+    if any(not 0 < p < len(model) for p in split_points) or any(b <= a for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"split_points must be strictly increasing in [1, {len(model) - 1}], got {split_points}")
+    stages = [model[a:b] for a, b in zip(bounds, bounds[1:])]
+    for k, stage in enumerate(stages):
+        # A stage without parameters does no learning and would hand AdamW an empty list.
+        if not any(p.requires_grad for p in stage.parameters()):
+            raise ValueError(f"split_points {bounds[1:-1]} leave stage {k} ({stage}) without trainable parameters")
+    return stages
+
+
+@dataclass
+class LocalStage:
+    """This rank's slice of the model and the schedule that runs it (None when running alone)."""
+
+    module: nn.Sequential
+    schedule: ScheduleGPipe | Schedule1F1B | None
+    is_first: bool = True
+    is_last: bool = True
+
+
+def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions) -> LocalStage:
+    """Cut `model` (already on ctx.device) into world_size stages and wrap this rank's in a schedule."""
+    n_stages = ctx.world_size if ctx.distributed else 1
+    stages = split_model(model, n_stages, options.split_points)
+    module = stages[ctx.rank if n_stages > 1 else 0]
+    if n_stages == 1:
+        return LocalStage(module, None)
+    if options.schedule == "1f1b" and options.microbatches < n_stages:
+        raise ValueError(f"microbatches must be >= the number of stages ({n_stages}) for 1f1b, got {options.microbatches}")
+    # Manual split, not tracing: slices of a Sequential are ordinary modules, and shapes are
+    # inferred from the first micro-batch, so no example inputs are needed here.
+    stage = PipelineStage(module, ctx.rank, n_stages, ctx.device)
+    # Mean loss per micro-batch; scale_grads divides the summed gradients by the micro-batch count,
+    # which with equal micro-batches is exactly the gradient of the global batch's mean loss.
+    schedule = SCHEDULES[options.schedule](stage, n_microbatches=options.microbatches, loss_fn=F.cross_entropy)
+    return LocalStage(module, schedule, is_first=ctx.rank == 0, is_last=ctx.rank == n_stages - 1)
+
+
+def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[float, float]:
+    """Gradients of one global batch; (summed loss, correct) on the last stage, zeros elsewhere."""
+    if stage.schedule is None:
+        logits = stage.module(xb)
+        loss = F.cross_entropy(logits, yb)
+        loss.backward()
+        return float(loss.detach()) * len(yb), float((logits.detach().argmax(1) == yb).sum())
+    losses: list[torch.Tensor] = []
+    # Only the first stage feeds inputs and only the last one sees targets; the others relay.
+    args = (xb,) if stage.is_first else ()
+    kwargs = {"target": yb, "losses": losses} if stage.is_last else {}
+    logits = stage.schedule.step(*args, return_outputs=stage.is_last, **kwargs)
+    if not stage.is_last:
+        return 0.0, 0.0
+    loss = torch.stack([l.detach() for l in losses]).mean()
+    return float(loss) * len(yb), float((logits.detach().argmax(1) == yb).sum())
+
+
+def gather_weights(model: nn.Module, stage: LocalStage, ctx: DistContext) -> None:
+    """Load every stage's current weights into this rank's copy of the full model."""
+    # CPU copies: an object gathered over NCCL would otherwise unpickle onto the sender's GPU.
+    own = {k: v.detach().cpu() for k, v in stage.module.state_dict().items()}
+    merged: dict[str, torch.Tensor] = {}
+    for part in ctx.all_gather_object(own):
+        merged.update(part)  # type: ignore[arg-type]
+    model.load_state_dict(merged)
+
+
+def train_loader(data: TrainData, cfg: TrainConfig) -> DataLoader:
+    """Global batches in the same order on every rank; the last partial batch is dropped."""
+    dataset = TensorDataset(data.x_train, data.y_train)
+    # Not a DistributedSampler: every stage must see the same rows, the first as inputs and the
+    # last as targets. set_epoch reseeds this generator per epoch, identically on every rank.
+    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed))
+    # drop_last: the schedule's receive buffers have a fixed micro-batch shape.
+    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
+
+
+def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> None:
+    if cfg.batch_size % options.microbatches:
+        raise ValueError(
+            f"train.batch_size ({cfg.batch_size}) must be divisible by train.options.microbatches "
+            f"({options.microbatches}) for the pipeline strategy"
+        )
+    if len(data.y_train) < cfg.batch_size:
+        raise ValueError(f"train.batch_size ({cfg.batch_size}) exceeds the {len(data.y_train)} training rows")
+
+
+def _train_epoch(stage: LocalStage, optimizer: torch.optim.Optimizer, loader: DataLoader, ctx: DistContext):
+    loss_sum = correct = count = 0.0
+    for xb, yb in loader:
+        xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        batch_loss, batch_correct = forward_backward(stage, xb, yb)
+        optimizer.step()
+        loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)
+    return loss_sum, correct, count
+
+
+def pipeline(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions) -> TrainResult:
+    """Train with pipeline parallelism over world_size stages (or plainly, when running alone)."""
+    _check_batches(data, cfg, options)
+    model = model.to(ctx.device)
+    stage = build_stage(model, ctx, options)
+    optimizer = make_optimizer(stage.module, cfg)
+    loader = train_loader(data, cfg)
+    evaluate = evaluate_split(model, data.x_val, data.y_val, ctx)
+    history = TrainHistory(strategy="pipeline", world_size=ctx.world_size)
+    for epoch in range(cfg.epochs):
+        set_epoch(loader, epoch)
+        model.train()
+        start = time.perf_counter()
+        loss_sum, correct, count = _train_epoch(stage, optimizer, loader, ctx)
+        seconds = time.perf_counter() - start
+        # Validate the whole model: each rank gathers all stages' weights, then scores its share.
+        # That moves the model once per epoch, cheap next to an epoch for models this size.
+        gather_weights(model, stage, ctx)
+        v_loss, v_correct, v_count = evaluate()
+        # Only the last stage reports training loss and hits; the other ranks add zeros. `count`
+        # is not reduced: every rank saw the same global batches.
+        v_loss, v_correct, v_count = ctx.all_reduce_sum([v_loss, v_correct, v_count])
+        m = EpochMetrics(
+            epoch=epoch,
+            train_loss=loss_sum / count,
+            train_accuracy=correct / count,
+            val_loss=v_loss / max(v_count, 1),
+            val_accuracy=v_correct / max(v_count, 1),
+            seconds=seconds,
+            samples_per_s=count / seconds if seconds > 0 else 0.0,
+        )
+        history.epochs.append(m)
+        if ctx.is_main:
+            log.info(
+                "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s",
+                epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy, m.samples_per_s,
+            )
+    # After the last gather every rank's model holds all trained stages; rank 0's is the result.
+    return TrainResult(model=model, history=history)
+
+
+pipeline.options_type = PipelineOptions  # type: ignore[attr-defined]

@@ -1,0 +1,47 @@
+"""Training stage: distributed workers (torch-elastic locally, a PyTorchJob on a cluster)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from flytekit import Resources, task
+from flytekit.types.file import FlyteFile
+from pandera.typing import DataFrame
+
+from flyscale import artifacts, data, distributed
+from flyscale.caching import code_cache
+from flyscale.config import ModelConfig, TrainConfig
+from flyscale.schemas import LabeledFrame
+from flyscale.training import TrainData, TrainHistory
+from plugins import registry
+from plugins.protocols import DatasetInfo, parse_options
+from tasks.common import IMAGE
+from tasks.elastic import training_launcher
+
+Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistory)])
+
+
+@task(
+    task_config=training_launcher(),
+    cache=code_cache("models", "strategies"),
+    container_image=IMAGE,
+    requests=Resources(cpu="2", mem="4Gi"),
+    shared_memory=True,  # DataLoader workers and gloo exchange tensors through /dev/shm
+)
+def train_model(
+    train: DataFrame[LabeledFrame], val: DataFrame[LabeledFrame], info: DatasetInfo, model_cfg: ModelConfig, cfg: TrainConfig
+) -> Trained:
+    """Train with the configured strategy on every worker; rank 0 returns the weights."""
+    with distributed.process_group() as ctx:
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        model = artifacts.build_model(model_cfg, info)
+        x_train, y_train = data.to_tensors(train, info)
+        x_val, y_val = data.to_tensors(val, info)
+        strategy = registry.strategies.get(cfg.strategy)
+        options = parse_options(strategy, cfg.options, "train.options")
+        result = strategy(model, TrainData(x_train, y_train, x_val, y_val), cfg, ctx, options)
+        if not ctx.is_main:
+            return None  # flytekit's Elastic task keeps global rank 0's outputs only
+        path = artifacts.save_state(result.model, "model.pt")
+        return Trained(weights=FlyteFile(path), history=result.history)

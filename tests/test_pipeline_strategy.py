@@ -1,0 +1,286 @@
+"""The pipeline strategy against single-process training, with real 2-process gloo groups."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from flyscale.config import TrainConfig
+from flyscale.distributed import DistContext, process_group, set_epoch
+from flyscale.training import TrainData, evaluate_split, make_optimizer, standard_step
+from plugins import registry
+from plugins.models import CNNOptions, MLPOptions, cnn, mlp
+from plugins.protocols import DatasetInfo, parse_options
+from plugins.strategies.pipeline import (
+    PipelineOptions,
+    auto_split_points,
+    build_stage,
+    forward_backward,
+    pipeline,
+    split_model,
+    train_loader,
+)
+
+INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
+RTOL, ATOL = 1e-5, 4e-5
+
+if "pipeline" not in registry.strategies.names():  # until pyproject's entry point is installed
+    registry.strategies.register("pipeline", pipeline)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _mlp(seed: int = 0, dropout: float = 0.0, hidden=(256, 128)):
+    torch.manual_seed(seed)
+    return mlp.build(MLPOptions(hidden=list(hidden), dropout=dropout), INFO)
+
+
+def _batch(n: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 64, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def _toy_data(n_train: int = 72, n_val: int = 24) -> TrainData:
+    x, y = _batch(n_train + n_val, seed=2)
+    return TrainData(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tuple) -> None:
+    """Join a gloo group as `rank` and save what `scenario(ctx, *args)` returns."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world), CUDA_VISIBLE_DEVICES="",  # CPU and gloo even on a GPU machine
+    )
+    torch.set_num_threads(1)  # two processes share two cores
+    with process_group(timeout_s=30) as ctx:
+        result = scenario(ctx, *args)
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+
+
+def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: float = 45) -> list:
+    """Run `scenario` on `world` spawned ranks; every rank's result, in rank order. Never hangs."""
+    procs = mp.start_processes(
+        _worker, args=(world, _free_port(), str(out_dir), scenario, args), nprocs=world, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        # join() re-raises a rank's exception with its traceback and stops the other ranks.
+        while not procs.join(timeout=1):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{scenario.__name__} did not finish within {timeout_s} s (hang?)")
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
+
+
+def _reference_training(data: TrainData, cfg: TrainConfig):
+    """Plain single-process training on the batches the pipeline strategy sees."""
+    model = _mlp(cfg.seed)
+    step = standard_step(model, make_optimizer(model, cfg))
+    loader = train_loader(data, cfg)
+    epochs = []
+    for epoch in range(cfg.epochs):
+        set_epoch(loader, epoch)
+        sums = [0.0, 0.0, 0]
+        for xb, yb in loader:
+            loss_sum, correct = step(xb, yb)
+            sums = [sums[0] + loss_sum, sums[1] + correct, sums[2] + len(yb)]
+        epochs.append((sums[0] / sums[2], sums[1] / sums[2]))
+    return model, epochs
+
+
+# ------------------------------------------------------- distributed scenarios (run in each rank)
+
+
+def _one_step_each_schedule(ctx: DistContext, x, y) -> dict:
+    out = {}
+    for schedule in ("gpipe", "1f1b"):
+        stage = build_stage(_mlp(), ctx, PipelineOptions(schedule=schedule, microbatches=4))
+        loss_sum, correct = forward_backward(stage, x, y)
+        grads = {n: p.grad.clone() for n, p in stage.module.named_parameters()}
+        out[schedule] = {"loss_sum": loss_sum, "correct": correct, "grads": grads}
+    return out
+
+
+def _repeated_steps(ctx: DistContext, x, y, runs: int) -> list[float]:
+    losses = []
+    for i in range(runs):
+        schedule = ("gpipe", "1f1b")[i % 2]
+        stage = build_stage(_mlp(hidden=(32,)), ctx, PipelineOptions(schedule=schedule, microbatches=2))
+        losses.append(forward_backward(stage, x, y)[0])
+    return losses
+
+
+def _train(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: PipelineOptions, dropout: float) -> dict:
+    result = pipeline(_mlp(cfg.seed, dropout=dropout), data, cfg, ctx, options)
+    state = {k: v.detach().cpu() for k, v in result.model.state_dict().items()}
+    return {"state": state, "epochs": [asdict(m) for m in result.history.epochs], "world": result.history.world_size}
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.timeout(60)
+def test_one_step_matches_single_process_for_both_schedules(tmp_path):
+    x, y = _batch(16)
+    ref = _mlp()
+    logits = ref(x)
+    ref_loss = F.cross_entropy(logits, y)
+    ref_loss.backward()
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+
+    ranks = _run_distributed(_one_step_each_schedule, x, y, out_dir=tmp_path)
+
+    for schedule in ("gpipe", "1f1b"):
+        first, last = ranks[0][schedule], ranks[1][schedule]
+        assert first["loss_sum"] == 0.0  # only the last stage computes the loss
+        torch.testing.assert_close(torch.tensor(last["loss_sum"] / len(y)), ref_loss.detach(), rtol=RTOL, atol=ATOL)
+        assert last["correct"] == float((logits.argmax(1) == y).sum())
+        # The two stages own disjoint parameters that together are the whole model's.
+        assert not set(first["grads"]) & set(last["grads"])
+        assert set(first["grads"]) | set(last["grads"]) == set(ref_grads)
+        assert first["grads"] and last["grads"]
+        for name, grad in {**first["grads"], **last["grads"]}.items():
+            torch.testing.assert_close(grad, ref_grads[name], rtol=RTOL, atol=ATOL, msg=f"{schedule} {name}")
+
+
+@pytest.mark.timeout(60)
+def test_training_matches_single_process_weights_and_metrics(tmp_path):
+    data = _toy_data()  # 72 rows: 4 full batches of 16 per epoch, the partial one is dropped
+    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3)
+    ref_model, ref_epochs = _reference_training(data, cfg)
+    v_loss, v_correct, v_count = evaluate_split(ref_model, data.x_val, data.y_val, DistContext())()
+
+    options = PipelineOptions(schedule="1f1b", microbatches=4)
+    rank0, rank1 = _run_distributed(_train, data, cfg, options, 0.0, out_dir=tmp_path)
+    alone = _train(DistContext(), data, cfg, options, 0.0)  # world_size 1: one stage, plain steps
+
+    for run in (rank0, rank1, alone):
+        for name, ref in ref_model.state_dict().items():
+            torch.testing.assert_close(run["state"][name], ref, rtol=RTOL, atol=ATOL, msg=name)
+        for got, (ref_loss, ref_acc) in zip(run["epochs"], ref_epochs, strict=True):
+            assert got["train_loss"] == pytest.approx(ref_loss, rel=RTOL, abs=ATOL)
+            assert got["train_accuracy"] == pytest.approx(ref_acc)
+        assert run["epochs"][-1]["val_loss"] == pytest.approx(v_loss / v_count, rel=RTOL, abs=ATOL)
+        assert run["epochs"][-1]["val_accuracy"] == pytest.approx(v_correct / v_count)
+    assert rank0["world"] == 2 and alone["world"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_twenty_fresh_pipelines_run_without_hanging(tmp_path):
+    x, y = _batch(8)
+    with torch.no_grad():
+        expected = float(F.cross_entropy(_mlp(hidden=(32,))(x), y)) * len(y)
+    start = time.monotonic()
+    first, last = _run_distributed(_repeated_steps, x, y, 20, out_dir=tmp_path, timeout_s=40)
+    assert first == [0.0] * 20
+    # Every fresh pipeline starts from the same weights, so a stale buffer would show as a wrong loss.
+    assert last == pytest.approx([expected] * 20, rel=RTOL, abs=ATOL)
+    assert time.monotonic() - start < 40
+
+
+def _compose(stages, x):
+    for stage in stages:
+        x = stage(x)
+    return x
+
+
+@pytest.mark.parametrize(
+    "model, expected_points",
+    [
+        # MLP: Linear(64,256) | ReLU Dropout Linear(256,128) ... keeps each activation with its layer.
+        (mlp.build(MLPOptions(), INFO), [3]),
+        # CNN: the 4096x128 Linear dominates, so the convolutions form stage 0.
+        (cnn.build(CNNOptions(), INFO), [6]),
+    ],
+    ids=["mlp", "cnn"],
+)
+def test_automatic_split_composes_to_the_full_model(model, expected_points):
+    model.eval()
+    assert auto_split_points(model, 2) == expected_points
+    stages = split_model(model, 2, [])
+    assert sum(len(s) for s in stages) == len(model)
+    assert all(any(True for _ in s.parameters()) for s in stages)
+    x = torch.rand(5, 64) * 16
+    with torch.no_grad():
+        torch.testing.assert_close(_compose(stages, x), model(x))
+    three = split_model(model, 3, [])
+    with torch.no_grad():
+        torch.testing.assert_close(_compose(three, x), model(x))
+
+
+def test_equal_layers_split_by_layer_count():
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(6)])
+    assert auto_split_points(model, 2) == [3]
+    assert auto_split_points(model, 3) == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda m: PipelineOptions(split_points=[3, 3]),  # not strictly increasing
+        lambda m: PipelineOptions(split_points=[0]),  # stage 0 would be empty
+        lambda m: split_model(m, 2, [7]),  # past the last layer (the MLP has 7)
+        lambda m: split_model(m, 2, [1, 3]),  # two points for two stages
+        lambda m: split_model(m, 3, [1, 3]),  # stage 1 = ReLU, Dropout: nothing to train
+        lambda m: parse_options(pipeline, {"split_points": [4, 2]}, "train.options"),
+    ],
+)
+def test_bad_split_points_name_the_field(make):
+    with pytest.raises(ValueError, match="split_points"):
+        make(_mlp())
+
+
+def test_bad_options_name_the_field_and_alternatives():
+    with pytest.raises(ValueError, match=r"schedule must be one of gpipe, 1f1b"):
+        PipelineOptions(schedule="zigzag")
+    with pytest.raises(ValueError, match="microbatches"):
+        PipelineOptions(microbatches=0)
+    cfg = TrainConfig(strategy="pipeline", epochs=1, batch_size=10)
+    with pytest.raises(ValueError, match="microbatches"):
+        pipeline(_mlp(), _toy_data(), cfg, DistContext(), PipelineOptions(microbatches=4))
+
+
+@pytest.mark.timeout(90)
+def test_two_stages_learn_digits_and_rank0_returns_the_complete_model(tmp_path):
+    from plugins.datasets import digits
+
+    frame = digits.load(None)
+    x = torch.tensor(frame.drop(columns="label").to_numpy(), dtype=torch.float32) / 16.0
+    y = torch.tensor(frame["label"].to_numpy(), dtype=torch.int64)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    tr, va = perm[:1500], perm[1500:]
+    data = TrainData(x[tr], y[tr], x[va], y[va])
+    cfg = TrainConfig(strategy="pipeline", epochs=10, batch_size=32, lr=2e-3, seed=0)
+
+    rank0, _ = _run_distributed(_train, data, cfg, PipelineOptions(microbatches=4), 0.1, out_dir=tmp_path, timeout_s=75)
+
+    epochs = rank0["epochs"]
+    assert len(epochs) == 10 and epochs[-1]["val_accuracy"] >= 0.9
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    # Complete: every layer of both stages moved away from its initial weights.
+    init = _mlp(cfg.seed, dropout=0.1).state_dict()
+    assert all(not torch.equal(rank0["state"][k], v) for k, v in init.items())
+    # ...and the weights alone reproduce the reported accuracy in a plain single process.
+    model = _mlp(dropout=0.1)
+    model.load_state_dict(rank0["state"])
+    _, correct, count = evaluate_split(model, data.x_val, data.y_val, DistContext())()
+    assert correct / count == pytest.approx(epochs[-1]["val_accuracy"])
