@@ -18,7 +18,7 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/python -m flyscale.run_local $(ARGS)
+	$(BIN)/pyflyte run workflows/train.py training_pipeline $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

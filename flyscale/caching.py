@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-from functools import lru_cache
 from typing import Callable
 
 from flytekit import Cache
@@ -19,7 +18,6 @@ from flytekit.core.cache import VersionParameters
 FIRST_PARTY = ("flyscale", "plugins", "tasks", "workflows")
 
 
-@lru_cache(maxsize=None)
 def _module_file(name: str) -> str | None:
     try:
         spec = importlib.util.find_spec(name)

@@ -61,8 +61,9 @@ class TrainResult:
     history: TrainHistory
 
 
-# A step trains on one batch and returns (summed loss, number correct) as floats.
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[float, float]]
+# A step trains on one batch and returns (summed loss, number correct) as 0-d tensors. They stay
+# tensors until the epoch ends: a float() per step would stall a GPU on every batch.
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 # An evaluation returns (summed loss, number correct, count) over this rank's share of the val set.
 EvalFn = Callable[[], tuple[float, float, float]]
 
@@ -74,15 +75,14 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 def standard_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:
     """Forward, cross-entropy, backward, update: the step every data-parallel strategy shares."""
 
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[float, float]:
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         optimizer.zero_grad(set_to_none=True)
         logits = model(xb)
         loss = F.cross_entropy(logits, yb)
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            correct = (logits.argmax(1) == yb).sum()
-        return float(loss.detach()) * len(yb), float(correct)
+            return loss.detach() * len(yb), (logits.argmax(1) == yb).sum()
 
     return step
 
@@ -123,13 +123,16 @@ def fit(
         set_epoch(loader, epoch)
         model.train()
         start = time.perf_counter()
-        loss_sum = correct = count = 0.0
+        loss_t = torch.zeros((), device=ctx.device)
+        correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
+        count = 0
         for xb, yb in loader:
             xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
             batch_loss, batch_correct = step(xb, yb)
-            loss_sum += batch_loss
-            correct += batch_correct
+            loss_t += batch_loss
+            correct_t += batch_correct
             count += len(yb)
+        loss_sum, correct = float(loss_t), float(correct_t)  # one device sync per epoch
         seconds = time.perf_counter() - start
         v_loss, v_correct, v_count = evaluate()
         loss_sum, correct, count, v_loss, v_correct, v_count = ctx.all_reduce_sum(

@@ -74,9 +74,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tupl
 
 def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: float = 45) -> list:
     """Run `scenario` on `world` spawned ranks; every rank's result, in rank order. Never hangs."""
-    procs = mp.start_processes(
-        _worker, args=(world, _free_port(), str(out_dir), scenario, args), nprocs=world, join=False, start_method="spawn"
-    )
+    worker_args = (world, _free_port(), str(out_dir), scenario, args)
+    procs = mp.start_processes(_worker, args=worker_args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         # join() re-raises a rank's exception with its traceback and stops the other ranks.
@@ -102,7 +101,7 @@ def _reference_training(data: TrainData, cfg: TrainConfig):
         sums = [0.0, 0.0, 0]
         for xb, yb in loader:
             loss_sum, correct = step(xb, yb)
-            sums = [sums[0] + loss_sum, sums[1] + correct, sums[2] + len(yb)]
+            sums = [sums[0] + float(loss_sum), sums[1] + float(correct), sums[2] + len(yb)]
         epochs.append((sums[0] / sums[2], sums[1] / sums[2]))
     return model, epochs
 
@@ -116,7 +115,7 @@ def _one_step_each_schedule(ctx: DistContext, x, y) -> dict:
         stage = build_stage(_mlp(), ctx, PipelineOptions(schedule=schedule, microbatches=4))
         loss_sum, correct = forward_backward(stage, x, y)
         grads = {n: p.grad.clone() for n, p in stage.module.named_parameters()}
-        out[schedule] = {"loss_sum": loss_sum, "correct": correct, "grads": grads}
+        out[schedule] = {"loss_sum": float(loss_sum), "correct": float(correct), "grads": grads}
     return out
 
 
@@ -125,7 +124,7 @@ def _repeated_steps(ctx: DistContext, x, y, runs: int) -> list[float]:
     for i in range(runs):
         schedule = ("gpipe", "1f1b")[i % 2]
         stage = build_stage(_mlp(hidden=(32,)), ctx, PipelineOptions(schedule=schedule, microbatches=2))
-        losses.append(forward_backward(stage, x, y)[0])
+        losses.append(float(forward_backward(stage, x, y)[0]))
     return losses
 
 

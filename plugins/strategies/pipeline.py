@@ -112,7 +112,9 @@ def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions) ->
     if n_stages == 1:
         return LocalStage(module, None)
     if options.schedule == "1f1b" and options.microbatches < n_stages:
-        raise ValueError(f"microbatches must be >= the number of stages ({n_stages}) for 1f1b, got {options.microbatches}")
+        raise ValueError(
+            f"microbatches must be >= the number of stages ({n_stages}) for schedule 1f1b, got {options.microbatches}"
+        )
     # Manual split, not tracing: slices of a Sequential are ordinary modules, and shapes are
     # inferred from the first micro-batch, so no example inputs are needed here.
     stage = PipelineStage(module, ctx.rank, n_stages, ctx.device)
@@ -122,22 +124,24 @@ def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions) ->
     return LocalStage(module, schedule, is_first=ctx.rank == 0, is_last=ctx.rank == n_stages - 1)
 
 
-def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[float, float]:
-    """Gradients of one global batch; (summed loss, correct) on the last stage, zeros elsewhere."""
+def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of one global batch; (summed loss, correct) as 0-d tensors, zeros off the last stage."""
+    # Tensors, not floats, like StepFn: a float() per step would stall a GPU on every batch.
     if stage.schedule is None:
         logits = stage.module(xb)
         loss = F.cross_entropy(logits, yb)
         loss.backward()
-        return float(loss.detach()) * len(yb), float((logits.detach().argmax(1) == yb).sum())
+        return loss.detach() * len(yb), (logits.detach().argmax(1) == yb).sum()
     losses: list[torch.Tensor] = []
     # Only the first stage feeds inputs and only the last one sees targets; the others relay.
     args = (xb,) if stage.is_first else ()
     kwargs = {"target": yb, "losses": losses} if stage.is_last else {}
     logits = stage.schedule.step(*args, return_outputs=stage.is_last, **kwargs)
     if not stage.is_last:
-        return 0.0, 0.0
+        zero = torch.zeros((), device=xb.device)
+        return zero, zero.long()
     loss = torch.stack([l.detach() for l in losses]).mean()
-    return float(loss) * len(yb), float((logits.detach().argmax(1) == yb).sum())
+    return loss * len(yb), (logits.detach().argmax(1) == yb).sum()
 
 
 def gather_weights(model: nn.Module, stage: LocalStage, ctx: DistContext) -> None:
@@ -171,17 +175,23 @@ def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) 
 
 
 def _train_epoch(stage: LocalStage, optimizer: torch.optim.Optimizer, loader: DataLoader, ctx: DistContext):
-    loss_sum = correct = count = 0.0
+    loss_t = torch.zeros((), device=ctx.device)
+    correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
+    count = 0
     for xb, yb in loader:
         xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         batch_loss, batch_correct = forward_backward(stage, xb, yb)
         optimizer.step()
-        loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)
-    return loss_sum, correct, count
+        loss_t += batch_loss
+        correct_t += batch_correct
+        count += len(yb)
+    return float(loss_t), float(correct_t), count  # one device sync per epoch
 
 
-def pipeline(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions) -> TrainResult:
+def pipeline(
+    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions
+) -> TrainResult:
     """Train with pipeline parallelism over world_size stages (or plainly, when running alone)."""
     _check_batches(data, cfg, options)
     model = model.to(ctx.device)
@@ -202,7 +212,9 @@ def pipeline(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistConte
         v_loss, v_correct, v_count = evaluate()
         # Only the last stage reports training loss and hits; the other ranks add zeros. `count`
         # is not reduced: every rank saw the same global batches.
-        v_loss, v_correct, v_count = ctx.all_reduce_sum([v_loss, v_correct, v_count])
+        loss_sum, correct, v_loss, v_correct, v_count = ctx.all_reduce_sum(
+            [loss_sum, correct, v_loss, v_correct, v_count]
+        )
         m = EpochMetrics(
             epoch=epoch,
             train_loss=loss_sum / count,

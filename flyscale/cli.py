@@ -1,0 +1,95 @@
+"""The `flyscale` console command.
+
+    flyscale plugins                  # every installed plugin, by kind
+    flyscale plugins --kind models    # one kind only
+
+Each plugin is shown with its entry point ("module:attr"), the installed distribution that
+declared it (name and version), and whether it imports. A broken plugin is listed with its
+error and the command still exits 0: one bad package must not hide what else is installed.
+On a terminal the listing is a rich table; piped, it is one plain line per plugin, so `grep`
+sees whole lines rather than cells wrapped at 80 columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterable, Sequence
+
+from plugins import registry
+from plugins.registry import PluginInfo
+
+
+def collect(kinds: Iterable[str]) -> list[PluginInfo]:
+    """Every plugin of `kinds`, each one import-tested (its errors are captured, not raised)."""
+    return [info for kind in kinds for info in registry.ALL[kind].info()]
+
+
+def _status(info: PluginInfo) -> str:
+    return "ok" if info.error is None else f"import error: {info.error}"
+
+
+def render_plain(infos: Sequence[PluginInfo], out) -> None:
+    """One line per plugin, columns aligned, nothing wrapped."""
+    rows = [(i.kind, i.name, i.value, i.distribution, _status(i)) for i in infos]
+    header = ("KIND", "NAME", "ENTRY POINT", "DISTRIBUTION", "STATUS")
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
+    for row in [header, *rows]:
+        out.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] + "\n")
+
+
+def render_rich(infos: Sequence[PluginInfo], console) -> None:
+    """A table per kind, errors in red."""
+    from rich.table import Table
+
+    for kind in dict.fromkeys(i.kind for i in infos):
+        table = Table(title=f"flyscale.{kind}", title_justify="left")
+        for column in ("name", "entry point", "distribution", "status"):
+            table.add_column(column, overflow="fold")
+        for i in (i for i in infos if i.kind == kind):
+            status = "[green]ok[/green]" if i.error is None else f"[red]import error:[/red] {i.error}"
+            table.add_row(i.name, i.value, i.distribution, status)
+        console.print(table)
+
+
+def _summary(infos: Sequence[PluginInfo]) -> str:
+    broken = [i for i in infos if i.error is not None]
+    text = f"{len(infos)} plugins, {len(broken)} failed to import"
+    if broken:
+        text += ": " + ", ".join(f"{i.kind}/{i.name} ({i.distribution})" for i in broken)
+    return text
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    """List installed plugins; exit 0 even when some are broken (their errors are shown)."""
+    infos = collect([args.kind] if args.kind else list(registry.ALL))
+    if sys.stdout.isatty() and not args.plain:
+        from rich.console import Console
+
+        console = Console()
+        render_rich(infos, console)
+        console.print(_summary(infos), markup=False, highlight=False)
+    else:
+        render_plain(infos, sys.stdout)
+        print(_summary(infos))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flyscale", description="flyscale command-line tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plugins = sub.add_parser("plugins", help="list installed plugins by kind, with where each came from")
+    plugins.add_argument("--kind", choices=sorted(registry.ALL), help="show only this kind of plugin")
+    plugins.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    plugins.set_defaults(func=cmd_plugins)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `flyscale` console script."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Run a function on N real processes joined by gloo, as torch-elastic would start them."""
+
+from __future__ import annotations
+
+import os
+import traceback
+
+import torch.multiprocessing as mp
+
+from tests.conftest import free_port
+
+
+def _entry(rank: int, world: int, port: int, fn, args, results):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+    )
+    try:
+        results[rank] = ("ok", fn(*args))
+    except BaseException:  # report the worker's own traceback, not a bare exit code
+        results[rank] = ("error", traceback.format_exc())
+        raise
+
+
+def run_on_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
+    """fn(*args) on `world` spawned processes; returns each rank's result, in rank order."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = free_port()
+        procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        hung = [i for i, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        if hung:
+            raise TimeoutError(f"ranks {hung} did not finish within {timeout}s")
+        out = []
+        for r in range(world):
+            status, value = results.get(r, ("error", f"rank {r} exited with code {procs[r].exitcode}"))
+            if status != "ok":
+                raise RuntimeError(f"rank {r} failed:\n{value}")
+            out.append(value)
+        return out

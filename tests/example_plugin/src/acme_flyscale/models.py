@@ -1,0 +1,38 @@
+"""`acme_tiny_mlp`: the smallest useful classifier, one hidden layer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch import nn
+
+
+@dataclass
+class TinyMLPOptions:
+    """The `model.options` section of a flyscale config, when `model.name` is acme_tiny_mlp."""
+
+    width: int = 64
+
+    def __post_init__(self):
+        # flyscale validates options before any work starts; name the field so users can fix it.
+        if self.width <= 0:
+            raise ValueError(f"width must be > 0, got {self.width}")
+
+
+class TinyMLP:
+    """Linear -> ReLU -> Linear. Whole layers in an nn.Sequential, so pipeline parallelism can split it."""
+
+    options_type = TinyMLPOptions
+
+    def build(self, options: TinyMLPOptions, info) -> nn.Sequential:
+        # `info` is flyscale's DatasetInfo; only its attributes are used, so no import is needed.
+        features = math.prod(info.input_shape)
+        return nn.Sequential(
+            nn.Linear(features, options.width),
+            nn.ReLU(),
+            nn.Linear(options.width, info.num_classes),
+        )
+
+
+tiny_mlp = TinyMLP()

@@ -1,0 +1,87 @@
+"""`flyscale plugins`: every installed plugin, by kind, with its entry point, distribution and status."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from flyscale import cli
+from plugins import registry
+from plugins.registry import PluginInfo
+
+REPO = Path(__file__).resolve().parents[1]
+BUILT_INS = {
+    "datasets": ["digits"],
+    "models": ["mlp", "cnn"],
+    "strategies": ["ddp"],
+    "quantizers": ["dynamic_int8"],
+    "gates": ["min_metric"],
+}
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _flyscale(*args: str) -> subprocess.CompletedProcess:
+    """The command as a user runs it (stdout is a pipe here, so the plain listing is printed)."""
+    return subprocess.run(
+        [sys.executable, "-m", "flyscale.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=90
+    )
+
+
+def _rows(stdout: str) -> dict[tuple[str, str], str]:
+    """{(kind, name): whole line} from the plain listing."""
+    lines = stdout.splitlines()
+    assert lines[0].split()[:3] == ["KIND", "NAME", "ENTRY"], stdout
+    return {tuple(line.split()[:2]): line for line in lines[1:-1]}
+
+
+def test_plugins_lists_built_ins_with_their_distribution():
+    proc = _flyscale("plugins")
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    dist = f"flyscale {version('flyscale')}"
+    for kind, names in BUILT_INS.items():
+        for name in names:
+            line = rows.get((kind, name))
+            assert line is not None, f"{kind}/{name} missing from:\n{proc.stdout}"
+            assert dist in line and line.rstrip().endswith("ok"), line
+            assert f"plugins." in line and f":{name}" in line  # the "module:attr" it came from
+    # Nothing registered is left out, whichever plugins are installed.
+    listed = {key for key in rows}
+    assert listed == {(kind, name) for kind, reg in registry.ALL.items() for name in reg.names()}
+    assert proc.stdout.splitlines()[-1].startswith(f"{len(rows)} plugins, ")
+
+
+def test_plugins_kind_filter():
+    proc = _flyscale("plugins", "--kind", "models")
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    assert {kind for kind, _ in rows} == {"models"}
+    assert {("models", "mlp"), ("models", "cnn")} <= set(rows)
+
+
+def test_unknown_kind_is_a_usage_error_listing_the_kinds():
+    proc = _flyscale("plugins", "--kind", "widgets")
+    assert proc.returncode == 2
+    assert "invalid choice: 'widgets'" in proc.stderr and "models" in proc.stderr
+
+
+def test_rich_table_shows_broken_plugin_error():
+    """The terminal rendering keeps every field, and a broken plugin's error, readable."""
+    from rich.console import Console
+
+    infos = [
+        PluginInfo("models", "mlp", "plugins.models:mlp", "flyscale 0.1.0"),
+        PluginInfo("models", "bad", "acme.bad:plugin", "acme-bad 1.0", "ImportError: no module named torchvision"),
+    ]
+    console = Console(record=True, width=200, color_system=None)
+    cli.render_rich(infos, console)
+    text = console.export_text()
+    assert "flyscale.models" in text
+    assert "plugins.models:mlp" in text and "flyscale 0.1.0" in text
+    assert "acme-bad 1.0" in text and "import error: ImportError: no module named torchvision" in text
+    assert cli._summary(infos) == "2 plugins, 1 failed to import: models/bad (acme-bad 1.0)"

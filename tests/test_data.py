@@ -1,0 +1,96 @@
+"""Data stages as plain functions: quarantine, split, augment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flyscale import data
+from flyscale.config import AugmentConfig, DataConfig
+from flyscale.schemas import LabeledFrame
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.load(DataConfig())
+
+
+def test_digits_loads_without_network(digits):
+    frame, info = digits
+    assert frame.shape == (1797, 65) and info.num_classes == 10 and info.input_shape == [1, 8, 8]
+
+
+def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(digits):
+    frame = digits[0].copy()
+    frame.loc[3, "pixel_5"] = 99.0
+    frame.loc[10, "label"] = 12
+    frame.loc[11, "pixel_0"] = np.nan
+    clean, bad, report = data.validate(frame, DataConfig())
+    assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (1797, 1794, 3)
+    reasons = dict(zip(bad["row"], bad["reason"]))
+    assert set(reasons) == {3, 10, 11}
+    assert "pixel_5" in reasons[3] and "99" in reasons[3]
+    assert "label" in reasons[10]
+    assert "pixel_0" in reasons[11]
+    # Nothing good is lost: the clean frame is exactly the other rows, in order.
+    expected = frame.drop(index=[3, 10, 11]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(clean, expected, check_dtype=False)
+    LabeledFrame.validate(clean)
+
+
+def test_too_many_bad_rows_fail_with_reasons(digits):
+    frame = digits[0].copy()
+    frame.loc[:200, "pixel_7"] = -1.0
+    with pytest.raises(ValueError, match=r"201 of 1797 rows failed validation.*pixel_7"):
+        data.validate(frame, DataConfig())
+
+
+def test_missing_column_is_a_schema_error_naming_it(digits):
+    frame = digits[0].drop(columns=["pixel_9"])
+    with pytest.raises(ValueError, match="pixel_9"):
+        data.validate(frame, DataConfig())
+
+
+def test_split_is_stratified_seeded_and_disjoint(digits):
+    frame = digits[0].assign(uid=range(len(digits[0])))
+    cfg = DataConfig()
+    train, val, test = data.split(frame, cfg)
+    assert len(train) + len(val) + len(test) == len(frame)
+    ids = [set(p["uid"]) for p in (train, val, test)]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    assert abs(len(test) / len(frame) - cfg.test_fraction) < 0.01
+    overall = frame["label"].value_counts(normalize=True).sort_index()
+    for part in (train, val, test):
+        assert (part["label"].value_counts(normalize=True).sort_index() - overall).abs().max() < 0.02
+    again = data.split(frame, cfg)
+    for a, b in zip((train, val, test), again):
+        pd.testing.assert_frame_equal(a, b)
+    other = data.split(frame, DataConfig(seed=1))
+    assert not train["uid"].equals(other[0]["uid"])
+
+
+def test_augment_is_deterministic_in_range_and_keeps_originals(digits):
+    frame, info = digits
+    train = frame.head(200)
+    cfg = AugmentConfig(names=["shift", "rotation", "noise"], copies=2, seed=7)
+    out = data.augment(train, info, cfg)
+    assert len(out) == 600
+    pd.testing.assert_frame_equal(out.head(200), train)  # originals first, untouched
+    assert (out["label"].to_numpy() == np.tile(train["label"].to_numpy(), 3)).all()
+    pixels = out[info.feature_columns].to_numpy()
+    assert pixels.min() >= 0.0 and pixels.max() <= 16.0
+    assert not np.allclose(pixels[200:400], pixels[:200])  # the copies really changed
+    pd.testing.assert_frame_equal(out, data.augment(train, info, cfg))
+    assert not out.equals(data.augment(train, info, AugmentConfig(names=cfg.names, copies=2, seed=8)))
+    LabeledFrame.validate(out)
+
+
+def test_shift_moves_pixels_by_whole_steps():
+    from plugins.augmentations import Shift, ShiftOptions
+
+    x = np.zeros((1, 1, 8, 8), dtype="float32")
+    x[0, 0, 4, 4] = 1.0
+    out = Shift()(x, np.random.default_rng(0), ShiftOptions(max_shift=2))
+    (y,), (xx,) = np.nonzero(out[0, 0])
+    assert abs(y - 4) <= 2 and abs(xx - 4) <= 2 and out.sum() == 1.0

@@ -1,0 +1,104 @@
+"""The whole pipeline under real `pyflyte run`, 2 DDP worker processes, a real MLflow server."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from tests.conftest import run_pipeline
+
+N_TASKS = 9  # load, validate, split, augment, train, evaluate, gate, quantize, register
+
+
+def _run_id(stdout: str) -> str:
+    match = re.search(r"mlflow\s+run (\w+)", stdout)
+    assert match, f"no run id in the summary:\n{stdout[-2000:]}"
+    return match.group(1)
+
+
+def _ok(proc) -> str:
+    assert proc.returncode == 0, f"pyflyte run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def quick_cfg(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cfg") / "e2e.yaml"
+    path.write_text(yaml.safe_dump({
+        "augment": {"copies": 1},
+        "train": {"epochs": 8, "batch_size": 64},
+        "mlflow": {"experiment": "e2e", "model_name": "e2e-digits"},
+    }))
+    return path
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_registers_model_and_second_run_hits_cache(tmp_path, mlflow_server, quick_cfg):
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    first = run_pipeline(tmp_path, "--cfg", str(quick_cfg), env=env)
+    out = _ok(first)
+    assert "flyscale run summary" in out
+    run_id = _run_id(out)
+
+    # Read everything back from the tracking server, not from our own output.
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(run_id)
+    metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
+    assert metrics["test_accuracy"] >= 0.95
+    assert metrics["test_accuracy"] - metrics["int8_test_accuracy"] <= 0.01
+    assert metrics["int8_test_size_bytes"] < metrics["test_size_bytes"]
+    assert params["train.epochs"] == "8" and params["model.name"] == "mlp"
+    assert tags["flyscale.world_size"] == "2" and tags["flyscale.strategy"] == "ddp"
+    history = client.get_metric_history(run_id, "val_accuracy")
+    assert [m.step for m in history] == list(range(8))
+    artifacts = {a.path for a in client.list_artifacts(run_id, "plots")}
+    assert artifacts == {"plots/confusion_fp32.png", "plots/confusion_int8.png"}
+
+    champion = client.get_model_version_by_alias("e2e-digits", "champion")
+    assert champion.run_id == run_id
+    assert client.get_model_version_by_alias("e2e-digits-int8", "champion").run_id == run_id
+
+    # Identical second run: every task is served from the cache, nothing is registered twice.
+    second = run_pipeline(tmp_path, "--cfg", str(quick_cfg), env=env)
+    out2 = _ok(second)
+    log = second.stdout + second.stderr
+    assert log.count("Cache hit") == N_TASKS, log[-4000:]
+    assert "Cache miss" not in log
+    assert _run_id(out2) == run_id
+    assert len(client.search_model_versions("name='e2e-digits'")) == 1
+
+
+@pytest.mark.timeout(900)
+def test_failed_gate_registers_nothing_as_champion(tmp_path, mlflow_server, quick_cfg):
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    cfg = yaml.safe_load(quick_cfg.read_text())
+    cfg["mlflow"]["model_name"] = "e2e-gate"
+    cfg["gate"] = {"name": "min_metric", "options": {"metric": "accuracy", "threshold": 1.0}}
+    path = tmp_path / "strict.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+
+    out = _ok(run_pipeline(tmp_path, "--cfg", str(path), env=env))
+    assert "min_metric: FAILED" in out and "NOT moved" in out
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(_run_id(out))
+    assert run.data.tags["flyscale.gates"] == "failed"
+    assert run.data.tags["gate.min_metric"].startswith("failed: test accuracy")
+    # The run and its candidate version are logged for inspection, but no champion exists.
+    (version,) = client.search_model_versions("name='e2e-gate'")
+    assert version.tags["flyscale.gates"] == "failed"
+    with pytest.raises(Exception, match="alias"):
+        client.get_model_version_by_alias("e2e-gate", "champion")
+
+
+@pytest.mark.timeout(300)
+def test_bad_config_fails_before_training_naming_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"train": {"epochs": -1}}))
+    proc = run_pipeline(tmp_path, "--cfg", str(path))
+    assert proc.returncode != 0
+    log = proc.stdout + proc.stderr
+    assert "train.epochs must be > 0" in log
+    assert "Checking cache for task" not in log  # no task started
