@@ -103,7 +103,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    """Optimisation and parallelism. `batch_size` is per worker; the global batch is batch_size x world."""
+    """Optimisation and parallelism. `batch_size` is per worker per optimizer step."""
 
     _section = "train"
     strategy: str = "ddp"
@@ -113,12 +113,34 @@ class TrainConfig:
     weight_decay: float = 1e-4
     seed: int = 0
     options: dict = field(default_factory=dict)  # the strategy's own options
+    # Techniques: each is off by default and switched on here, never in code.
+    grad_accum_steps: int = 1  # split each batch into this many micro-batches (same math, less memory)
+    precision: str = "fp32"  # "bf16" (autocast; CPU or CUDA) or "fp16" (CUDA, with GradScaler)
+    activation_checkpointing: bool = False  # recompute activations in backward instead of storing them
+    grad_clip_norm: float = 0.0  # clip the global gradient norm to this; 0 = off
+    scale_lr: bool = False  # linear scaling rule: lr x global_batch / base_batch_size
+    base_batch_size: int = 32  # the global batch `lr` was tuned for
+    warmup_epochs: float = 0.0  # linear warm-up from 0 to the (scaled) lr
+    num_workers: int = 0  # DataLoader worker processes per rank
+    pin_memory: bool = True  # page-locked host memory, used only when training on CUDA
+    persistent_workers: bool = False  # keep DataLoader workers alive between epochs
+    prefetch_factor: int = 2  # batches each DataLoader worker loads ahead
 
     def __post_init__(self):
         _known(self, "strategy", "strategies", options="options")
-        _positive(self, "epochs", "batch_size", "lr")
+        _positive(self, "epochs", "batch_size", "lr", "grad_accum_steps", "base_batch_size", "prefetch_factor")
         if self.weight_decay < 0:
             raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(
+                f"train.grad_accum_steps ({self.grad_accum_steps}) must divide train.batch_size ({self.batch_size})"
+            )
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"train.precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
+        if self.grad_clip_norm < 0 or self.warmup_epochs < 0 or self.num_workers < 0:
+            raise ValueError("train.grad_clip_norm, train.warmup_epochs and train.num_workers must be >= 0")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("train.persistent_workers needs train.num_workers > 0")
 
 
 @dataclass

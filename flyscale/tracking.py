@@ -93,6 +93,11 @@ def publish(
                     "val_accuracy": m.val_accuracy,
                     "epoch_seconds": m.seconds,
                     "samples_per_s": m.samples_per_s,
+                    "lr": m.lr,
+                    "data_wait_fraction": m.data_wait_fraction,
+                    "compute_fraction": m.compute_fraction,
+                    "comm_fraction": m.comm_fraction,
+                    "peak_memory_mb": m.peak_memory_mb,
                 },
                 step=m.epoch,
             )
@@ -105,6 +110,8 @@ def publish(
                 **{f"validation_{k}": float(v) for k, v in record.validation.items()},
             }
         )
+        if record.history.diagnosis:
+            mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
         for v in record.verdicts:
             mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
         with tempfile.TemporaryDirectory() as tmp:

@@ -3,20 +3,26 @@ the strategy hands in, so the same loop serves one process, DDP and the pipeline
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import resource
 import time
+import types
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
 
 log = logging.getLogger(__name__)
+
+DATA_WAIT_WARNING = 0.3  # above this share of step time spent waiting for data, say so
 
 
 @dataclass
@@ -30,6 +36,11 @@ class EpochMetrics:
     val_accuracy: float
     seconds: float
     samples_per_s: float  # global training throughput
+    lr: float = 0.0
+    data_wait_fraction: float = 0.0  # share of the epoch spent waiting for the next batch
+    compute_fraction: float = 0.0  # share spent in forward/backward/optimizer (incl. overlapped comm)
+    comm_fraction: float = 0.0  # share spent in collectives outside the step (metric reductions)
+    peak_memory_mb: float = 0.0  # max over ranks: CUDA allocator peak, else process max RSS
 
 
 @dataclass
@@ -39,10 +50,7 @@ class TrainHistory:
     strategy: str
     world_size: int
     epochs: list[EpochMetrics] = field(default_factory=list)
-
-    @property
-    def final(self) -> EpochMetrics:
-        return self.epochs[-1]
+    diagnosis: str = ""  # e.g. "input pipeline bound: raise train.num_workers"
 
 
 @dataclass
@@ -68,21 +76,116 @@ StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 EvalFn = Callable[[], tuple[float, float, float]]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+def make_loader(dataset: Dataset, sampler: Sampler | None, cfg: TrainConfig, ctx: DistContext, drop_last: bool = False) -> DataLoader:
+    """A DataLoader with the configured knobs; pinning only where it helps (CUDA)."""
+    workers = cfg.num_workers
+    return DataLoader(
+        dataset,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=workers,
+        pin_memory=cfg.pin_memory and ctx.device.type == "cuda",
+        persistent_workers=cfg.persistent_workers and workers > 0,
+        prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
+    )
 
 
-def standard_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:
-    """Forward, cross-entropy, backward, update: the step every data-parallel strategy shares."""
+def effective_lr(cfg: TrainConfig, world_size: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017): lr grows with the global batch."""
+    if not cfg.scale_lr:
+        return cfg.lr
+    return cfg.lr * cfg.batch_size * world_size / cfg.base_batch_size
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, world_size: int = 1) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=effective_lr(cfg, world_size), weight_decay=cfg.weight_decay)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """Linear warm-up over `warmup_epochs`, then constant."""
+    warmup = max(1, round(cfg.warmup_epochs * steps_per_epoch)) if cfg.warmup_epochs > 0 else 0
+    if not warmup:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+
+
+def autocast(cfg: TrainConfig, device: torch.device) -> ContextManager:
+    """Mixed precision for the forward pass, as configured."""
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    if cfg.precision == "fp16" and device.type != "cuda":
+        raise ValueError("train.precision 'fp16' needs CUDA; use 'bf16' on CPU")
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.Module:
+    """Recompute activations in backward, segment by segment, for an nn.Sequential.
+
+    Replacing the instance's forward (rather than wrapping the module) keeps state_dict keys
+    unchanged and still routes DDP's forward through its wrapper.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise ValueError("train.activation_checkpointing needs a model built as nn.Sequential")
+    segments = min(segments, len(model))
+
+    def forward(self, x):
+        if not self.training or not torch.is_grad_enabled():
+            return nn.Sequential.forward(self, x)
+        return checkpoint_sequential(self, segments, x, use_reentrant=False)
+
+    model.forward = types.MethodType(forward, model)
+    return model
+
+
+def standard_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    device: torch.device,
+    scheduler=None,
+    no_sync: Callable[[], ContextManager] | None = None,
+) -> StepFn:
+    """Forward, cross-entropy, backward, update: the step every data-parallel strategy shares.
+
+    With `grad_accum_steps = k` the batch is split into k micro-batches whose gradients add up
+    to the whole batch's (each loss is weighted by its share); `no_sync` skips DDP's all-reduce
+    for all but the last, so communication happens once per optimizer step.
+    """
+    if cfg.precision == "fp16" and device.type != "cuda":
+        raise ValueError("train.precision 'fp16' needs CUDA; use 'bf16' on CPU")
+    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+    k = cfg.grad_accum_steps
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         optimizer.zero_grad(set_to_none=True)
-        logits = model(xb)
-        loss = F.cross_entropy(logits, yb)
-        loss.backward()
-        optimizer.step()
-        with torch.no_grad():
-            return loss.detach() * len(yb), (logits.argmax(1) == yb).sum()
+        loss_sum = torch.zeros((), device=xb.device)
+        correct = torch.zeros((), device=xb.device, dtype=torch.long)
+        chunks = list(zip(xb.chunk(k), yb.chunk(k)))
+        for i, (xm, ym) in enumerate(chunks):
+            last = i == len(chunks) - 1
+            with (no_sync() if (no_sync and not last) else contextlib.nullcontext()):
+                with autocast(cfg, device):
+                    logits = model(xm)
+                    loss = F.cross_entropy(logits.float(), ym)
+                weighted = loss * (len(ym) / len(yb))
+                (scaler.scale(weighted) if scaler else weighted).backward()
+            with torch.no_grad():
+                loss_sum += loss.detach() * len(ym)
+                correct += (logits.argmax(1) == ym).sum()
+        if scaler:
+            scaler.unscale_(optimizer)
+        if cfg.grad_clip_norm > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss_sum, correct
 
     return step
 
@@ -108,6 +211,26 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Dist
     return run
 
 
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def diagnose(m: EpochMetrics, cfg: TrainConfig) -> str:
+    """Name the knob to turn when the input pipeline, not the model, sets the pace."""
+    if m.data_wait_fraction < DATA_WAIT_WARNING:
+        return ""
+    hint = (
+        f"raise train.num_workers (now {cfg.num_workers})" if cfg.num_workers == 0
+        else "raise train.num_workers or train.prefetch_factor, or set train.persistent_workers"
+    )
+    return (
+        f"input-bound: {m.data_wait_fraction:.0%} of each epoch waits for data, "
+        f"so the accelerator idles; {hint}"
+    )
+
+
 def fit(
     model: nn.Module,
     step: StepFn,
@@ -116,28 +239,35 @@ def fit(
     cfg: TrainConfig,
     ctx: DistContext,
     strategy: str,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> TrainHistory:
     """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each."""
     history = TrainHistory(strategy=strategy, world_size=ctx.world_size)
     for epoch in range(cfg.epochs):
         set_epoch(loader, epoch)
         model.train()
-        start = time.perf_counter()
         loss_t = torch.zeros((), device=ctx.device)
         correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
-        count = 0
+        count, wait = 0, 0.0
+        start = tick = time.perf_counter()
         for xb, yb in loader:
+            wait += time.perf_counter() - tick
             xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
             batch_loss, batch_correct = step(xb, yb)
             loss_t += batch_loss
             correct_t += batch_correct
             count += len(yb)
+            tick = time.perf_counter()
         loss_sum, correct = float(loss_t), float(correct_t)  # one device sync per epoch
         seconds = time.perf_counter() - start
         v_loss, v_correct, v_count = evaluate()
-        loss_sum, correct, count, v_loss, v_correct, v_count = ctx.all_reduce_sum(
-            [loss_sum, correct, count, v_loss, v_correct, v_count]
-        )
+        comm_start = time.perf_counter()
+        totals = ctx.all_reduce_sum([loss_sum, correct, count, v_loss, v_correct, v_count, wait, seconds])
+        comm = time.perf_counter() - comm_start
+        loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, seconds_all = totals
+        mem = max(ctx.all_gather_object(peak_memory_mb(ctx.device)))  # type: ignore[type-var]
+        lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
+        wall = seconds + comm
         m = EpochMetrics(
             epoch=epoch,
             train_loss=loss_sum / count,
@@ -146,11 +276,20 @@ def fit(
             val_accuracy=v_correct / max(v_count, 1),
             seconds=seconds,
             samples_per_s=count / seconds if seconds > 0 else 0.0,
+            lr=lr,
+            data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
+            compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
+            comm_fraction=comm / wall if wall > 0 else 0.0,
+            peak_memory_mb=float(mem),
         )
         history.epochs.append(m)
+        history.diagnosis = diagnose(m, cfg) or history.diagnosis
         if ctx.is_main:
             log.info(
-                "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s",
-                epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy, m.samples_per_s,
+                "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",
+                epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
+                m.samples_per_s, 100 * m.data_wait_fraction,
             )
+    if history.diagnosis and ctx.is_main:
+        log.warning("%s", history.diagnosis)
     return history

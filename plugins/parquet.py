@@ -51,8 +51,9 @@ class ParquetOptions:
             raise ValueError("data.options.label must name the label column")
         if len(set(self.features)) != len(self.features):
             raise ValueError(f"data.options.features lists a column twice: {self.features}")
-        if self.label in self.features:
-            raise ValueError(f"data.options.features must not include the label column {self.label!r}")
+        if self.label in self.features or LABEL in self.features:
+            # The label is renamed to `label` on load; a feature of either name would collide.
+            raise ValueError(f"data.options.features must not include {self.label!r} or {LABEL!r}")
         if self.num_classes < 0:
             raise ValueError(f"data.options.num_classes must be >= 0 (0 = infer), got {self.num_classes}")
         if any(int(d) <= 0 for d in self.input_shape):
@@ -87,9 +88,9 @@ def _s3_error(exc: Exception, path: str) -> Exception:
     """Network hiccups are worth a retry (Flyte retries recoverable errors); the rest are config."""
     from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
 
-    if isinstance(exc, BotoConnectionError) or (
-        isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable")
-    ):
+    transient = ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable")
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    if isinstance(exc, BotoConnectionError) or code in transient:
         from flytekit.exceptions.user import FlyteRecoverableException
 
         return FlyteRecoverableException(f"reading {path}: {exc}")

@@ -31,13 +31,13 @@ def _model():
     return MLP().build(MLPOptions(hidden=[32, 16], dropout=0.0), digits.info(None))
 
 
-def _cfg(batch: int) -> TrainConfig:
-    return TrainConfig(epochs=1, batch_size=batch, lr=1e-2, seed=3)
+def _cfg(batch: int, accum: int = 1) -> TrainConfig:
+    return TrainConfig(epochs=1, batch_size=batch, lr=1e-2, seed=3, grad_accum_steps=accum)
 
 
-def _train_ddp(bucket_cap_mb: float):
+def _train_ddp(bucket_cap_mb: float, accum: int):
     with process_group(timeout_s=60) as ctx:
-        result = ddp(_model(), _data(), _cfg(B), ctx, DDPOptions(bucket_cap_mb=bucket_cap_mb))
+        result = ddp(_model(), _data(), _cfg(B, accum), ctx, DDPOptions(bucket_cap_mb=bucket_cap_mb))
         return {k: v.clone() for k, v in result.model.state_dict().items()}, len(result.history.epochs)
 
 
@@ -55,9 +55,10 @@ def _reference() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("bucket_cap_mb", [0.001, 25.0])  # many tiny buckets, and one bucket
-def test_ddp_world2_matches_single_process_with_double_batch(bucket_cap_mb):
-    (state0, epochs0), (state1, _) = run_on_ranks(_train_ddp, 2, bucket_cap_mb)
+# Many tiny buckets, one bucket, and gradient accumulation (2 micro-batches under no_sync).
+@pytest.mark.parametrize("bucket_cap_mb, accum", [(0.001, 1), (25.0, 1), (25.0, 2)])
+def test_ddp_world2_matches_single_process_with_double_batch(bucket_cap_mb, accum):
+    (state0, epochs0), (state1, _) = run_on_ranks(_train_ddp, 2, bucket_cap_mb, accum)
     reference = _reference()
     assert epochs0 == 1
     for name, ref in reference.items():

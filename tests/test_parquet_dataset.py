@@ -142,6 +142,7 @@ def test_missing_label_column_is_an_error(shards):
         ({"path": "x", "ranges": {"f0": [2, 1]}}, r"data\.options\.ranges\.f0"),
         ({"path": "x", "features": ["a"], "ranges": {"b": [0, 1]}}, r"data\.options\.ranges\.b"),
         ({"path": "x", "features": ["a", "b"], "input_shape": [3]}, r"input_shape"),
+        ({"path": "x", "label": "y", "features": ["a", "label"]}, r"data\.options\.features must not include"),
     ],
 )
 def test_bad_options_fail_at_config_time(options, message):

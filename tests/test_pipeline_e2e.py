@@ -102,3 +102,21 @@ def test_bad_config_fails_before_training_naming_the_field(tmp_path):
     log = proc.stdout + proc.stderr
     assert "train.epochs must be > 0" in log
     assert "Checking cache for task" not in log  # no task started
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_strategy_trains_digits_through_pyflyte(tmp_path):
+    """`strategy: pipeline` (2 stages, 1F1B) reaches the same bar as DDP under real pyflyte run."""
+    path = tmp_path / "pp.yaml"
+    path.write_text(yaml.safe_dump({
+        "augment": {"copies": 0},
+        "train": {"strategy": "pipeline", "epochs": 20, "batch_size": 64, "options": {"schedule": "1f1b", "microbatches": 4}},
+        "mlflow": {"experiment": "e2e-pp", "model_name": "e2e-pp"},
+    }))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = _ok(run_pipeline(tmp_path, "--cfg", str(path), env={"MLFLOW_TRACKING_URI": uri}))
+    run = MlflowClient(uri).get_run(_run_id(out))
+    assert run.data.tags["flyscale.strategy"] == "pipeline"
+    assert run.data.tags["flyscale.world_size"] == "2"
+    assert run.data.params["train.options.schedule"] == "1f1b"
+    assert run.data.metrics["test_accuracy"] >= 0.95

@@ -10,14 +10,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import TrainData, TrainResult, evaluate_split, fit, make_optimizer, standard_step
+from flyscale.training import (
+    TrainData, TrainResult, enable_activation_checkpointing, evaluate_split, fit, make_loader, make_optimizer,
+    make_scheduler, standard_step,
+)
 
 
 def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
     """Per-rank batches of `cfg.batch_size`; the sampler gives every rank the same count."""
     dataset = TensorDataset(data.x_train, data.y_train)
-    sampler = ctx.train_sampler(dataset, seed=cfg.seed)
-    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=False)
+    return make_loader(dataset, ctx.train_sampler(dataset, seed=cfg.seed), cfg, ctx)
 
 
 @dataclass
@@ -32,20 +34,27 @@ class DDPOptions:
 def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions) -> TrainResult:
     """Train with DistributedDataParallel (or plainly, when running alone)."""
     model = model.to(ctx.device)
+    if cfg.activation_checkpointing:
+        enable_activation_checkpointing(model)
     wrapped: nn.Module = model
+    no_sync = None
     if ctx.distributed:
         # DDP broadcasts rank 0's initial weights, so every rank starts from the same model.
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=options.bucket_cap_mb)
-    optimizer = make_optimizer(model, cfg)
+        no_sync = wrapped.no_sync
+    loader = train_loader(data, cfg, ctx)
+    optimizer = make_optimizer(model, cfg, ctx.world_size)
+    scheduler = make_scheduler(optimizer, cfg, len(loader))
     history = fit(
         wrapped,
-        standard_step(wrapped, optimizer),
-        train_loader(data, cfg, ctx),
+        standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync),
+        loader,
         evaluate_split(model, data.x_val, data.y_val, ctx),
         cfg,
         ctx,
         strategy="ddp",
+        optimizer=optimizer,
     )
     return TrainResult(model=model, history=history)
 

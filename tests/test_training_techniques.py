@@ -1,0 +1,149 @@
+"""Each technique switch changes speed or memory, not the math (or, for bf16, barely)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+from flyscale.config import TrainConfig
+from flyscale.distributed import DistContext
+from flyscale.training import (
+    TrainData, effective_lr, enable_activation_checkpointing, fit, make_loader, make_optimizer, make_scheduler,
+    standard_step,
+)
+from plugins.datasets import digits
+from plugins.models import CNN, MLP, CNNOptions, MLPOptions
+from plugins.strategies.ddp import DDPOptions, ddp
+
+CPU = torch.device("cpu")
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return MLP().build(MLPOptions(hidden=[64, 32], dropout=0.0), digits.info(None))
+
+
+def _batch(n=32):
+    g = torch.Generator().manual_seed(1)
+    return torch.rand(n, 64, generator=g) * 16, torch.randint(0, 10, (n,), generator=g)
+
+
+def _steps(cfg: TrainConfig, model, steps=3):
+    opt = make_optimizer(model, cfg)
+    step = standard_step(model, opt, cfg, CPU)
+    x, y = _batch()
+    for _ in range(steps):
+        step(x, y)
+    return model.state_dict()
+
+
+def test_grad_accumulation_of_k_microbatches_equals_one_full_batch():
+    ref = _steps(TrainConfig(batch_size=32), _mlp())
+    acc = _steps(TrainConfig(batch_size=32, grad_accum_steps=4), _mlp())
+    for name in ref:
+        torch.testing.assert_close(acc[name], ref[name], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_autocast_loss_close_to_fp32_on_cpu():
+    x, y = _batch(64)
+    model = _mlp()
+    with torch.no_grad():
+        fp32 = F.cross_entropy(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        assert logits.dtype == torch.bfloat16  # autocast really ran in bf16
+        bf16 = F.cross_entropy(logits.float(), y)
+    assert abs(bf16 - fp32) / fp32 < 1e-2
+    # And a bf16 training step runs end to end.
+    _steps(TrainConfig(precision="bf16"), _mlp(), steps=1)
+
+
+def test_fp16_refuses_cpu_with_a_clear_error():
+    with pytest.raises(ValueError, match="fp16.*CUDA"):
+        _steps(TrainConfig(precision="fp16"), _mlp(), steps=1)
+
+
+def test_activation_checkpointing_gives_identical_gradients():
+    x = torch.rand(8, 64) * 16
+    y = torch.randint(0, 10, (8,))
+    grads = []
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model = CNN().build(CNNOptions(channels=[4, 8], hidden=16, dropout=0.0), digits.info(None))
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        F.cross_entropy(model(x), y).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        keys = set(model.state_dict())
+    assert keys == set(grads[0])  # state_dict keys unchanged by checkpointing
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name])
+
+
+def test_linear_lr_scaling_and_warmup():
+    cfg = TrainConfig(lr=0.001, batch_size=32, base_batch_size=32, scale_lr=True, warmup_epochs=1.0)
+    assert effective_lr(cfg, world_size=4) == pytest.approx(0.004)
+    assert effective_lr(TrainConfig(lr=0.001), world_size=4) == pytest.approx(0.001)
+    model = _mlp()
+    opt = make_optimizer(model, cfg, world_size=2)
+    sched = make_scheduler(opt, cfg, steps_per_epoch=10)
+    lrs = []
+    for _ in range(12):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(0.002 / 10)
+    assert lrs[9] == pytest.approx(0.002) and lrs[11] == pytest.approx(0.002)
+    assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+
+
+def test_grad_clipping_bounds_the_update():
+    model = _mlp()
+    cfg = TrainConfig(grad_clip_norm=0.01, lr=1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    standard_step(model, opt, cfg, CPU)(*_batch())
+    after = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (after - before).norm() <= 0.01 + 1e-6  # SGD lr 1: the update is the clipped gradient
+
+
+class SlowDigits(Dataset):
+    """A dataset whose reads cost time, like decoding images from disk."""
+
+    def __init__(self, x, y, delay):
+        self.x, self.y, self.delay = x, y, delay
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+def test_input_bound_run_is_diagnosed_with_the_knob_to_turn():
+    x, y = _batch(64)
+    cfg = TrainConfig(epochs=1, batch_size=16)
+    model = _mlp()
+    opt = make_optimizer(model, cfg)
+    loader = make_loader(SlowDigits(x, y, 0.005), None, cfg, DistContext())
+    history = fit(model, standard_step(model, opt, cfg, CPU), loader, lambda: (0.0, 0.0, 1.0), cfg, DistContext(), "ddp")
+    m = history.epochs[0]
+    assert m.data_wait_fraction > 0.5
+    assert "train.num_workers" in history.diagnosis
+    assert m.peak_memory_mb > 0
+
+
+def test_ddp_strategy_reports_throughput_and_fractions():
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(256, 64, generator=g) * 16, torch.randint(0, 10, (256,), generator=g)
+    cfg = TrainConfig(epochs=2, batch_size=32, grad_accum_steps=2, warmup_epochs=0.5)
+    result = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), cfg, DistContext(), DDPOptions())
+    for m in result.history.epochs:
+        assert m.samples_per_s > 0
+        assert 0.0 <= m.data_wait_fraction < 1.0 and 0.0 < m.compute_fraction <= 1.0
+        assert m.lr == pytest.approx(cfg.lr)
