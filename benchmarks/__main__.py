@@ -1,6 +1,8 @@
-"""`make bench`: run every benchmark in turn."""
+"""`make bench`: run every benchmark in turn, each printing its own ratio."""
 
-from benchmarks import bench_trainer
+from benchmarks import bench_dataloader, bench_ddp, bench_trainer
 
 if __name__ == "__main__":
-    bench_trainer.main()
+    for bench in (bench_trainer, bench_ddp, bench_dataloader):
+        bench.main()
+        print()

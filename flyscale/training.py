@@ -158,22 +158,29 @@ def standard_step(
     scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
     k = cfg.grad_accum_steps
 
+    def backward(xm: torch.Tensor, ym: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast(cfg, device):
+            logits = model(xm)
+            loss = F.cross_entropy(logits.float(), ym)
+        weighted = loss * weight if weight != 1.0 else loss
+        (scaler.scale(weighted) if scaler else weighted).backward()
+        with torch.no_grad():
+            return loss.detach() * len(ym), (logits.argmax(1) == ym).sum()
+
     def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=xb.device)
-        correct = torch.zeros((), device=xb.device, dtype=torch.long)
-        chunks = list(zip(xb.chunk(k), yb.chunk(k)))
-        for i, (xm, ym) in enumerate(chunks):
-            last = i == len(chunks) - 1
-            with (no_sync() if (no_sync and not last) else contextlib.nullcontext()):
-                with autocast(cfg, device):
-                    logits = model(xm)
-                    loss = F.cross_entropy(logits.float(), ym)
-                weighted = loss * (len(ym) / len(yb))
-                (scaler.scale(weighted) if scaler else weighted).backward()
-            with torch.no_grad():
-                loss_sum += loss.detach() * len(ym)
-                correct += (logits.argmax(1) == ym).sum()
+        if k == 1:
+            loss_sum, correct = backward(xb, yb, 1.0)
+        else:
+            loss_sum = torch.zeros((), device=xb.device)
+            correct = torch.zeros((), device=xb.device, dtype=torch.long)
+            chunks = list(zip(xb.chunk(k), yb.chunk(k)))
+            for i, (xm, ym) in enumerate(chunks):
+                last = i == len(chunks) - 1
+                with no_sync() if (no_sync and not last) else contextlib.nullcontext():
+                    chunk_loss, chunk_correct = backward(xm, ym, len(ym) / len(yb))
+                loss_sum += chunk_loss
+                correct += chunk_correct
         if scaler:
             scaler.unscale_(optimizer)
         if cfg.grad_clip_norm > 0:
