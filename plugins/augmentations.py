@@ -93,6 +93,20 @@ class GaussianNoise:
         return out
 
 
+@dataclass
+class TabularNoiseOptions(NoiseOptions):
+    std: float = 0.05
+    min_value: float | None = None  # tabular features have no universal range: no clipping
+    max_value: float | None = None
+
+
+class TabularGaussianNoise(GaussianNoise):
+    """Gaussian noise for tabular features, unclipped by default."""
+
+    options_type = TabularNoiseOptions
+
+
 shift = Shift()
 rotation = Rotation()
 noise = GaussianNoise()
+gaussian_noise = TabularGaussianNoise()

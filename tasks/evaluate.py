@@ -34,7 +34,9 @@ def evaluate_model(
 def gate_model(metrics: EvalMetrics, cfg: GateConfig) -> GateVerdict:
     """Decide whether the model may become champion; the verdict says why."""
     gate = registry.gates.get(cfg.name)
-    return gate.check(metrics.scalars(), parse_options(gate, cfg.options, "gate.options"), None)
+    verdict = gate.check(metrics.scalars(), parse_options(gate, cfg.options, "gate.options"), None)
+    # A third-party gate returns its own object of the same shape; Flyte needs ours.
+    return GateVerdict(name=verdict.name, passed=bool(verdict.passed), reason=str(verdict.reason))
 
 
 @task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL)

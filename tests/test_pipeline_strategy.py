@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, process_group, set_epoch
 from flyscale.training import TrainData, evaluate_split, make_optimizer, standard_step
-from plugins import registry
 from plugins.models import CNNOptions, MLPOptions, cnn, mlp
 from plugins.protocols import DatasetInfo, parse_options
 from plugins.strategies.pipeline import (
@@ -32,8 +31,6 @@ from plugins.strategies.pipeline import (
 INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
 RTOL, ATOL = 1e-5, 4e-5
 
-if "pipeline" not in registry.strategies.names():  # until pyproject's entry point is installed
-    registry.strategies.register("pipeline", pipeline)
 
 
 # ---------------------------------------------------------------- helpers
@@ -93,7 +90,7 @@ def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: 
 def _reference_training(data: TrainData, cfg: TrainConfig):
     """Plain single-process training on the batches the pipeline strategy sees."""
     model = _mlp(cfg.seed)
-    step = standard_step(model, make_optimizer(model, cfg))
+    step = standard_step(model, make_optimizer(model, cfg), cfg, torch.device("cpu"))
     loader = train_loader(data, cfg)
     epochs = []
     for epoch in range(cfg.epochs):
