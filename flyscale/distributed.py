@@ -138,3 +138,18 @@ def configure_logging(ctx: DistContext) -> None:
     logging.getLogger("plugins").setLevel(level)
     logging.getLogger("tasks").setLevel(level)
 
+
+def rank_zero_outputs(ctx: DistContext, value):
+    """The task's outputs on global rank 0; other ranks hand back nothing.
+
+    Under torch-elastic (Flyte's `Elastic` task) the agent keeps only rank 0's return value, so
+    other ranks return None. In a classic PyTorchJob every pod is its own Flyte task execution,
+    so other ranks tell Flyte their outputs are not the task's by raising `IgnoreOutputs`.
+    """
+    if ctx.is_main:
+        return value
+    if os.environ.get("TORCHELASTIC_RUN_ID"):
+        return None
+    from flytekit.core.base_task import IgnoreOutputs
+
+    raise IgnoreOutputs(f"rank {ctx.rank} of {ctx.world_size}: only rank 0 returns outputs")

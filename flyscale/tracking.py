@@ -58,6 +58,25 @@ class RunRecord:
     tags: dict[str, str]
 
 
+def champion_metrics(model_name: str, alias: str) -> dict[str, float] | None:
+    """The test metrics of the version `alias` points at (keys without `test_`), or None.
+
+    Read from the run that registered the champion, so a gate compares like with like.
+    """
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri())
+    try:
+        version = client.get_model_version_by_alias(model_name, alias)
+    except MlflowException:  # no such model, or no such alias yet: there is no champion
+        return None
+    metrics = client.get_run(version.run_id).data.metrics
+    found = {k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")}
+    found["version"] = float(version.version)
+    return found
+
+
 def _pip_requirements() -> list[str]:
     # Naming them skips MLflow's slow requirement inference; the +cpu label is not on PyPI.
     return [f"torch=={torch.__version__.split('+')[0]}"]

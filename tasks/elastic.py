@@ -5,6 +5,11 @@ worker processes on this machine. On a cluster the same task becomes a Kubeflow 
 
     FLYSCALE_NNODES=2 FLYSCALE_NPROC_PER_NODE=4 pyflyte run --remote workflows/train.py training_pipeline
 
+or, with `FLYSCALE_LAUNCHER=pytorch`, a classic PyTorchJob of one master and
+`FLYSCALE_NNODES - 1` worker pods (one process each) with per-replica resources
+(`FLYSCALE_REPLICA_CPU`, `FLYSCALE_REPLICA_MEM`, `FLYSCALE_REPLICA_GPU`). Run locally, that
+launcher trains in one process.
+
 A multi-node setting run locally would wait for peers that never come (the rendezvous times out
 after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so.
 """
@@ -16,7 +21,8 @@ import os
 from dataclasses import dataclass
 
 from flytekit.core.task import TaskPlugins
-from flytekitplugins.kfpytorch import Elastic
+from flytekit import Resources
+from flytekitplugins.kfpytorch import Elastic, Master, PyTorch, Worker
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
 log = logging.getLogger(__name__)
@@ -48,12 +54,34 @@ class LocalSafeElasticTask(PytorchElasticFunctionTask):
 TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)
 
 
-def training_launcher() -> LocalSafeElastic:
-    """The Elastic config from FLYSCALE_NNODES / FLYSCALE_NPROC_PER_NODE (defaults: 1 node, 2 workers)."""
+def _replica_resources() -> Resources:
+    gpu = os.environ.get("FLYSCALE_REPLICA_GPU")
+    return Resources(
+        cpu=os.environ.get("FLYSCALE_REPLICA_CPU", "2"), mem=os.environ.get("FLYSCALE_REPLICA_MEM", "4Gi"), gpu=gpu or None
+    )
+
+
+def training_launcher() -> LocalSafeElastic | PyTorch:
+    """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE.
+
+    Defaults: elastic, 1 node, 2 worker processes.
+    """
+    launcher = os.environ.get("FLYSCALE_LAUNCHER", "elastic")
     nnodes = int(os.environ.get("FLYSCALE_NNODES", "1"))
     nproc = int(os.environ.get("FLYSCALE_NPROC_PER_NODE", "2"))
     if nnodes < 1 or nproc < 1:
         raise ValueError(f"FLYSCALE_NNODES and FLYSCALE_NPROC_PER_NODE must be >= 1, got {nnodes} and {nproc}")
+    if launcher == "pytorch":
+        if nnodes < 2:
+            raise ValueError("FLYSCALE_LAUNCHER=pytorch needs FLYSCALE_NNODES >= 2 (one master plus workers)")
+        resources = _replica_resources()
+        return PyTorch(
+            master=Master(requests=resources, limits=resources),
+            worker=Worker(replicas=nnodes - 1, requests=resources, limits=resources),
+            increase_shared_mem=False,
+        )
+    if launcher != "elastic":
+        raise ValueError(f"FLYSCALE_LAUNCHER must be 'elastic' or 'pytorch', got {launcher!r}")
     # Short rendezvous timeouts locally; a cluster may wait for pods to be scheduled.
     timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(

@@ -8,9 +8,9 @@ from flytekit import task
 from flytekit.types.file import FlyteFile
 from pandera.typing import DataFrame
 
-from flyscale import artifacts, data
+from flyscale import artifacts, data, tracking
 from flyscale.caching import code_cache
-from flyscale.config import GateConfig, ModelConfig, QuantizeConfig
+from flyscale.config import GateConfig, MlflowConfig, ModelConfig, QuantizeConfig
 from flyscale.evaluation import EvalMetrics, evaluate
 from flyscale.schemas import LabeledFrame
 from plugins import registry
@@ -30,11 +30,14 @@ def evaluate_model(
     return evaluate(model, x, y, info.num_classes)
 
 
-@task(cache=code_cache("gates"), container_image=IMAGE, requests=SMALL)
-def gate_model(metrics: EvalMetrics, cfg: GateConfig) -> GateVerdict:
+# The verdict depends on the champion in the MLflow store, so the store is part of the cache key.
+# An identical rerun replays the verdict it got; `pyflyte run --overwrite-cache` re-judges it.
+@task(cache=code_cache("gates", extra=tracking.tracking_uri), container_image=IMAGE, requests=SMALL)
+def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig) -> GateVerdict:
     """Decide whether the model may become champion; the verdict says why."""
     gate = registry.gates.get(cfg.name)
-    verdict = gate.check(metrics.scalars(), parse_options(gate, cfg.options, "gate.options"), None)
+    champion = tracking.champion_metrics(champion_of.model_name, champion_of.alias)
+    verdict = gate.check(metrics.scalars(), parse_options(gate, cfg.options, "gate.options"), champion)
     # A third-party gate returns its own object of the same shape; Flyte needs ours.
     return GateVerdict(name=verdict.name, passed=bool(verdict.passed), reason=str(verdict.reason))
 

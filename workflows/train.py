@@ -24,7 +24,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     augmented = augment_data(train=train, info=info, cfg=cfg.augment)
     weights, history = train_model(train=augmented, val=val, info=info, model_cfg=cfg.model, cfg=cfg.train)
     fp32 = evaluate_model(weights=weights, test=test, info=info, model_cfg=cfg.model)
-    verdict = gate_model(metrics=fp32, cfg=cfg.gate)
+    verdict = gate_model(metrics=fp32, cfg=cfg.gate, champion_of=cfg.mlflow)
     int8_weights, int8, int8_verdict = quantize_model(
         weights=weights, test=test, info=info, model_cfg=cfg.model, cfg=cfg.quantize, fp32=fp32
     )
