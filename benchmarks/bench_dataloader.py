@@ -13,7 +13,7 @@ import time
 import torch
 from torch.utils.data import Dataset
 
-from benchmarks.bench_trainer import _data
+from benchmarks.common import digits_x3 as _data
 from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.distributed import DistContext

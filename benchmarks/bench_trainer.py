@@ -6,31 +6,21 @@ overhead (metrics, sampler, hooks), not communication. Goal: ratio <= 1.05.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
-from flyscale import data
+from benchmarks.common import MODELS, digits_x3, interleaved, report
 from flyscale.artifacts import build_model
-from flyscale.config import AugmentConfig, DataConfig, ModelConfig, TrainConfig
+from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.training import TrainData
 from plugins.strategies.ddp import DDPOptions, ddp
 
-EPOCHS = 6
+EPOCHS = 5
 ROUNDS = 3
-
-
-def _data() -> tuple[TrainData, object]:
-    frame, info = data.load(DataConfig())
-    train, val, _ = data.split(frame, DataConfig())
-    train = data.augment(train, info, AugmentConfig(copies=2))
-    x, y = data.to_tensors(train, info)
-    xv, yv = data.to_tensors(val, info)
-    return TrainData(x, y, xv, yv), info
 
 
 def hand_written(model, d: TrainData, cfg: TrainConfig) -> list[float]:
@@ -59,20 +49,21 @@ def ours(model, d: TrainData, cfg: TrainConfig) -> list[float]:
 
 def main() -> None:
     torch.set_num_threads(1)  # what each of the 2 local workers gets; also steadier timings
-    d, info = _data()
+    d, info = digits_x3()
     cfg = TrainConfig(epochs=EPOCHS, batch_size=32, seed=0)
-    results: dict[str, list[float]] = {"hand-written loop": [], "flyscale trainer": []}
-    for _ in range(ROUNDS):  # interleave, so drift on a shared machine hits both alike
-        for name, fn in (("hand-written loop", hand_written), ("flyscale trainer", ours)):
+
+    def timed(fn, model_cfg):
+        def run() -> list[float]:
             torch.manual_seed(0)
-            model = build_model(ModelConfig(), info)
-            results[name] += fn(model, d, cfg)[1:]  # the first epoch warms caches and allocators
-    base = statistics.median(results["hand-written loop"])
-    mine = statistics.median(results["flyscale trainer"])
-    print(f"trainer vs hand-written loop: digits x3 ({len(d.y_train)} rows), mlp, batch 32, 1 thread")
-    print(f"  {'hand-written loop':<20} {base * 1000:8.1f} ms/epoch (median of {len(results['hand-written loop'])})")
-    print(f"  {'flyscale trainer':<20} {mine * 1000:8.1f} ms/epoch (median of {len(results['flyscale trainer'])})")
-    print(f"  ratio trainer/hand-written = {mine / base:.3f}  (goal <= 1.05)")
+            return fn(build_model(model_cfg, info), d, cfg)[1:]  # epoch 0 warms caches and allocators
+        return run
+
+    rows = {
+        name: interleaved({"hand-written": timed(hand_written, m), "flyscale": timed(ours, m)}, ROUNDS)
+        for name, m in MODELS.items()
+    }
+    report(f"trainer vs hand-written loop: digits x3 ({len(d.y_train)} rows), batch 32, 1 thread",
+           "hand-written", "flyscale", rows, goal=1.05)
 
 
 if __name__ == "__main__":

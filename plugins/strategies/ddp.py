@@ -25,6 +25,12 @@ def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoa
 @dataclass
 class DDPOptions:
     bucket_cap_mb: float = 25.0  # gradient all-reduce bucket size
+    # Gradients live inside the all-reduce buckets: no copy in or out each step, less memory.
+    gradient_as_bucket_view: bool = True
+    # The same graph every step: DDP can skip searching for unused parameters. Turn off for
+    # models whose forward takes different paths from step to step. Ignored with gradient
+    # accumulation: torch 2.13's reducer asserts when static_graph meets no_sync().
+    static_graph: bool = True
 
     def __post_init__(self):
         if self.bucket_cap_mb <= 0:
@@ -41,7 +47,13 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
     if ctx.distributed:
         # DDP broadcasts rank 0's initial weights, so every rank starts from the same model.
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=options.bucket_cap_mb)
+        wrapped = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=options.gradient_as_bucket_view,
+            static_graph=options.static_graph and cfg.grad_accum_steps == 1,
+        )
         no_sync = wrapped.no_sync
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
@@ -60,3 +72,4 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
 
 
 ddp.options_type = DDPOptions  # type: ignore[attr-defined]
+ddp.per_worker_batch = True  # type: ignore[attr-defined]  # batch_size rows per rank; the global batch is x world
