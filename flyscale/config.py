@@ -144,6 +144,26 @@ class TrainConfig:
 
 
 @dataclass
+class PreflightConfig:
+    """A few optimizer steps at world size 1 and at world size N before training; off by default.
+
+    The two runs see the same global batches from the same initial weights, so their losses
+    agree to float rounding when sharding, LR scaling and gradient sync are right.
+    """
+
+    _section = "preflight"
+    enabled: bool = False
+    steps: int = 5  # optimizer steps compared; each step's loss and the loss after it
+    # fp32 runs agree to ~1e-6; real faults move the loss by 1e-2 or more. Loosen for bf16/fp16.
+    rtol: float = 1e-3
+
+    def __post_init__(self):
+        _positive(self, "steps", "rtol")
+        if self.rtol >= 1:
+            raise ValueError(f"preflight.rtol must be < 1 (a relative tolerance), got {self.rtol!r}")
+
+
+@dataclass
 class GateConfig:
     """The evaluation gate a model must pass before it may become champion."""
 
@@ -192,6 +212,7 @@ class PipelineConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)

@@ -133,6 +133,11 @@ def process_group(timeout_s: float = 300.0) -> Iterator[DistContext]:
 
 def configure_logging(ctx: DistContext) -> None:
     """INFO logs from rank 0; other ranks only warn, so a run's log reads as one process."""
+    if not logging.getLogger().handlers:
+        # A fresh worker process (torch-elastic spawns them): without a handler Python prints
+        # warnings only, and the per-epoch lines would never reach the task log. Root stays at
+        # WARNING, so only our own loggers (below) speak at INFO.
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     level = logging.INFO if ctx.is_main else logging.WARNING
     logging.getLogger("flyscale").setLevel(level)
     logging.getLogger("plugins").setLevel(level)

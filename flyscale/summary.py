@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from flyscale.data import ValidationReport
 from flyscale.evaluation import EvalMetrics
+from flyscale.preflight import PreflightReport
 from flyscale.tracking import Registration
 from plugins.protocols import GateVerdict
 
@@ -25,6 +26,7 @@ class RunSummary:
     int8: EvalMetrics
     verdicts: list[GateVerdict]
     registration: Registration
+    preflight: PreflightReport
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -38,6 +40,12 @@ class RunSummary:
             f"size {self.int8.size_bytes / 1024:.1f} KiB  (drop {self.fp32.accuracy - self.int8.accuracy:+.4f}, "
             f"{self.fp32.size_bytes / max(self.int8.size_bytes, 1):.2f}x smaller)",
         ]
+        p = self.preflight
+        if p.steps:
+            lines.append(
+                f"  preflight   PASSED: {p.steps} steps at world size 1 vs {p.world_size}, "
+                f"max relative loss difference {p.max_rel_diff:.1e} (tolerance {p.rtol:.0e})"
+            )
         for g in self.verdicts:
             lines.append(f"  gate        {g.name}: {'PASSED' if g.passed else 'FAILED'} ({g.reason})")
         champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved (gate failed)"

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from flyscale.evaluation import EvalMetrics, plot_confusion
+from flyscale.preflight import PreflightReport
 from flyscale.training import TrainHistory
 from plugins.protocols import GateVerdict
 
@@ -54,6 +55,7 @@ class RunRecord:
     fp32: EvalMetrics
     int8: EvalMetrics
     verdicts: list[GateVerdict]
+    preflight: PreflightReport
     validation: dict[str, int]
     tags: dict[str, str]
 
@@ -129,6 +131,12 @@ def publish(
                 **{f"validation_{k}": float(v) for k, v in record.validation.items()},
             }
         )
+        if record.preflight.steps:
+            mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
+            mlflow.set_tag(
+                "flyscale.preflight",
+                f"passed: {record.preflight.steps} steps at world size 1 and {record.preflight.world_size}",
+            )
         if record.history.diagnosis:
             mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
         for v in record.verdicts:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
+from flyscale.progress import TrainProgress, train_progress
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,11 @@ class TrainResult:
     history: TrainHistory
 
 
-# A step trains on one batch and returns (summed loss, number correct) as 0-d tensors. They stay
-# tensors until the epoch ends: a float() per step would stall a GPU on every batch.
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# A step trains on one batch and returns (summed loss, number correct, rows) for the rows this
+# rank accounts for: the batch under data parallelism, the whole global batch on a pipeline's
+# last stage and 0 on its other stages. Loss and hits stay 0-d tensors until the epoch ends: a
+# float() per step would stall a GPU on every batch.
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]]
 # An evaluation returns (summed loss, number correct, count) over this rank's share of the val set.
 EvalFn = Callable[[], tuple[float, float, float]]
 
@@ -167,7 +170,7 @@ def standard_step(
         with torch.no_grad():
             return loss.detach() * len(ym), (logits.argmax(1) == ym).sum()
 
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         optimizer.zero_grad(set_to_none=True)
         if k == 1:
             loss_sum, correct = backward(xb, yb, 1.0)
@@ -192,7 +195,7 @@ def standard_step(
             optimizer.step()
         if scheduler is not None:
             scheduler.step()
-        return loss_sum, correct
+        return loss_sum, correct, len(yb)
 
     return step
 
@@ -238,6 +241,30 @@ def diagnose(m: EpochMetrics, cfg: TrainConfig) -> str:
     )
 
 
+def _train_epoch(
+    step: StepFn, loader: DataLoader, ctx: DistContext, bar: TrainProgress | None
+) -> tuple[float, float, int, float, float]:
+    """One pass of `step` over `loader`: (loss sum, correct, rows, data wait s, seconds) on this rank."""
+    loss_t = torch.zeros((), device=ctx.device)
+    correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
+    count, wait = 0, 0.0
+    if bar is not None:
+        bar.start_epoch()
+    start = tick = time.perf_counter()
+    for xb, yb in loader:
+        wait += time.perf_counter() - tick
+        xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
+        batch_loss, batch_correct, rows = step(xb, yb)
+        loss_t += batch_loss
+        correct_t += batch_correct
+        count += rows
+        if bar is not None:
+            bar.step(len(yb))
+        tick = time.perf_counter()
+    loss_sum, correct = float(loss_t), float(correct_t)  # one device sync per epoch
+    return loss_sum, correct, count, wait, time.perf_counter() - start
+
+
 def fit(
     model: nn.Module,
     step: StepFn,
@@ -250,53 +277,47 @@ def fit(
 ) -> TrainHistory:
     """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each."""
     history = TrainHistory(strategy=strategy, world_size=ctx.world_size)
-    for epoch in range(cfg.epochs):
-        set_epoch(loader, epoch)
-        model.train()
-        loss_t = torch.zeros((), device=ctx.device)
-        correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
-        count, wait = 0, 0.0
-        start = tick = time.perf_counter()
-        for xb, yb in loader:
-            wait += time.perf_counter() - tick
-            xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
-            batch_loss, batch_correct = step(xb, yb)
-            loss_t += batch_loss
-            correct_t += batch_correct
-            count += len(yb)
-            tick = time.perf_counter()
-        loss_sum, correct = float(loss_t), float(correct_t)  # one device sync per epoch
-        seconds = time.perf_counter() - start
-        v_loss, v_correct, v_count = evaluate()
-        comm_start = time.perf_counter()
-        totals = ctx.all_reduce_sum([loss_sum, correct, count, v_loss, v_correct, v_count, wait, seconds])
-        comm = time.perf_counter() - comm_start
-        loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, seconds_all = totals
-        mem = max(ctx.all_gather_object(peak_memory_mb(ctx.device)))  # type: ignore[type-var]
-        lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
-        wall = seconds + comm
-        m = EpochMetrics(
-            epoch=epoch,
-            train_loss=loss_sum / count,
-            train_accuracy=correct / count,
-            val_loss=v_loss / max(v_count, 1),
-            val_accuracy=v_correct / max(v_count, 1),
-            seconds=seconds,
-            samples_per_s=count / seconds if seconds > 0 else 0.0,
-            lr=lr,
-            data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
-            compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
-            comm_fraction=comm / wall if wall > 0 else 0.0,
-            peak_memory_mb=float(mem),
-        )
-        history.epochs.append(m)
-        history.diagnosis = diagnose(m, cfg) or history.diagnosis
-        if ctx.is_main:
-            log.info(
-                "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",
-                epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
-                m.samples_per_s, 100 * m.data_wait_fraction,
-            )
+    with train_progress(cfg.epochs, len(loader), main=ctx.is_main, world_size=ctx.world_size) as bar:
+        for epoch in range(cfg.epochs):
+            set_epoch(loader, epoch)
+            model.train()
+            loss_sum, correct, count, wait, seconds = _train_epoch(step, loader, ctx, bar)
+            v_loss, v_correct, v_count = evaluate()
+            m = _epoch_metrics(epoch, [loss_sum, correct, count, v_loss, v_correct, v_count, wait, seconds], ctx)
+            m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
+            history.epochs.append(m)
+            history.diagnosis = diagnose(m, cfg) or history.diagnosis
+            if bar is not None:
+                bar.end_epoch(m.samples_per_s)
+            if ctx.is_main:
+                log.info(
+                    "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",
+                    epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
+                    m.samples_per_s, 100 * m.data_wait_fraction,
+                )
     if history.diagnosis and ctx.is_main:
         log.warning("%s", history.diagnosis)
     return history
+
+
+def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext) -> EpochMetrics:
+    """Sum this rank's epoch counters over all ranks into one EpochMetrics (lr left to the caller)."""
+    seconds = local[-1]  # this rank's own wall time: the reductions below are not part of the epoch
+    comm_start = time.perf_counter()
+    loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, seconds_all = ctx.all_reduce_sum(local)
+    comm = time.perf_counter() - comm_start
+    mem = max(ctx.all_gather_object(peak_memory_mb(ctx.device)))  # type: ignore[type-var]
+    wall = seconds + comm
+    return EpochMetrics(
+        epoch=epoch,
+        train_loss=loss_sum / count,
+        train_accuracy=correct / count,
+        val_loss=v_loss / max(v_count, 1),
+        val_accuracy=v_correct / max(v_count, 1),
+        seconds=seconds,
+        samples_per_s=count / seconds if seconds > 0 else 0.0,
+        data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
+        compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
+        comm_fraction=comm / wall if wall > 0 else 0.0,
+        peak_memory_mb=float(mem),
+    )

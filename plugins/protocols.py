@@ -90,7 +90,10 @@ class GatePlugin(Protocol):
     ) -> GateVerdict: ...
 
 
-# A training strategy is a function; see flyscale/training.py for `TrainData` and `TrainResult`.
+# A training strategy is a function `(model, data, cfg, ctx, options) -> TrainResult`; see
+# flyscale/training.py for `TrainData` and `TrainResult`. Optional attributes: `options_type`, and
+# `per_worker_batch` (default True: `train.batch_size` rows per worker, as in data parallelism;
+# False when every worker sees the same global batch of `train.batch_size`, as in pipelining).
 StrategyFn = Callable[..., Any]
 
 

@@ -12,6 +12,7 @@ from flyscale.caching import code_cache
 from flyscale.config import PipelineConfig, flatten
 from flyscale.data import ValidationReport
 from flyscale.evaluation import EvalMetrics
+from flyscale.preflight import PreflightReport
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
 from plugins.protocols import DatasetInfo, GateVerdict
@@ -31,6 +32,7 @@ def register_model(
     int8_weights: FlyteFile,
     int8: EvalMetrics,
     int8_gate: GateVerdict,
+    preflight: PreflightReport,
 ) -> RunSummary:
     """Log everything to MLflow; move the alias only if every gate passed."""
     model = artifacts.load_state(artifacts.build_model(cfg.model, info), weights.download())
@@ -42,6 +44,7 @@ def register_model(
         fp32=fp32,
         int8=int8,
         verdicts=[gate, int8_gate],
+        preflight=preflight,
         validation={"total_rows": report.total_rows, "valid_rows": report.valid_rows, "quarantined_rows": report.quarantined_rows},
         tags={
             "flyscale.execution_id": execution,
@@ -56,4 +59,6 @@ def register_model(
         record, model, qmodel, example, cfg.mlflow.experiment, cfg.mlflow.model_name, cfg.mlflow.alias,
         run_name=f"{cfg.model.name}-{history.strategy}-{execution}",
     )
-    return RunSummary(validation=report, fp32=fp32, int8=int8, verdicts=[gate, int8_gate], registration=registration)
+    return RunSummary(
+        validation=report, fp32=fp32, int8=int8, verdicts=[gate, int8_gate], registration=registration, preflight=preflight
+    )

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
-from flytekit import Resources, task
+from flytekit import Deck, Resources, task
 from flytekit.types.file import FlyteFile
 from pandera.typing import DataFrame
 
-from flyscale import artifacts, data, distributed
+from flyscale import artifacts, data, distributed, report
 from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, TrainConfig
+from flyscale.preflight import PreflightReport
 from flyscale.schemas import LabeledFrame
 from flyscale.training import TrainData, TrainHistory
 from plugins import registry
 from plugins.protocols import DatasetInfo, parse_options
 from tasks.common import IMAGE
 from tasks.elastic import training_launcher
+
+log = logging.getLogger(__name__)
 
 Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistory)])
 
@@ -28,12 +32,20 @@ Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistor
     container_image=IMAGE,
     requests=Resources(cpu="2", mem="4Gi"),
     shared_memory=True,  # DataLoader workers and gloo exchange tensors through /dev/shm
+    enable_deck=True,  # rank 0's "Learning curves" Deck; flytekit's Elastic task ships it to the parent
 )
 def train_model(
-    train: DataFrame[LabeledFrame], val: DataFrame[LabeledFrame], info: DatasetInfo, model_cfg: ModelConfig, cfg: TrainConfig
+    train: DataFrame[LabeledFrame],
+    val: DataFrame[LabeledFrame],
+    info: DatasetInfo,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    preflight: PreflightReport,  # an input so that training waits for the check; it raised if it failed
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights."""
     with distributed.process_group() as ctx:
+        if ctx.is_main and preflight.steps:
+            log.info("preflight passed: %d steps, max relative diff %.2e", preflight.steps, preflight.max_rel_diff)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = artifacts.build_model(model_cfg, info)
         x_train, y_train = data.to_tensors(train, info)
@@ -42,6 +54,7 @@ def train_model(
         options = parse_options(strategy, cfg.options, "train.options")
         result = strategy(model, TrainData(x_train, y_train, x_val, y_val), cfg, ctx, options)
         if not ctx.is_main:
-            return None  # flytekit's Elastic task keeps global rank 0's outputs only
+            return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
+        Deck("Learning curves", report.learning_curves_html(result.history))
         path = artifacts.save_state(result.model, "model.pt")
-        return Trained(weights=FlyteFile(path), history=result.history)
+        return distributed.rank_zero_outputs(ctx, Trained(weights=FlyteFile(path), history=result.history))

@@ -50,7 +50,7 @@ def test_every_task_is_cached_with_a_code_derived_version():
     from workflows.train import training_pipeline
 
     tasks = {n.flyte_entity.name: n.flyte_entity for n in training_pipeline.nodes}
-    assert len(tasks) == 9
+    assert len(tasks) == 10
     for name, t in tasks.items():
         assert isinstance(t, flytekit.core.base_task.PythonTask)
         assert t.metadata.cache, f"{name} is not cached"

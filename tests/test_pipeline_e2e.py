@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from tests.conftest import run_pipeline
 
-N_TASKS = 9  # load, validate, split, augment, train, evaluate, gate, quantize, register
+N_TASKS = 10  # load, validate, split, augment, preflight, train, evaluate, gate, quantize, register
 
 
 def _run_id(stdout: str) -> str:
@@ -106,17 +106,38 @@ def test_bad_config_fails_before_training_naming_the_field(tmp_path):
 
 @pytest.mark.timeout(900)
 def test_pipeline_strategy_trains_digits_through_pyflyte(tmp_path):
-    """`strategy: pipeline` (2 stages, 1F1B) reaches the same bar as DDP under real pyflyte run."""
+    """`strategy: pipeline` (2 stages, 1F1B) reaches the same bar as DDP under real pyflyte run.
+
+    The same run switches the preflight check on and looks for the learning-curves Deck, so
+    neither costs a pipeline run of its own.
+    """
     path = tmp_path / "pp.yaml"
     path.write_text(yaml.safe_dump({
         "augment": {"copies": 0},
         "train": {"strategy": "pipeline", "epochs": 20, "batch_size": 64, "options": {"schedule": "1f1b", "microbatches": 4}},
+        "preflight": {"enabled": True, "steps": 5},
         "mlflow": {"experiment": "e2e-pp", "model_name": "e2e-pp"},
     }))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = _ok(run_pipeline(tmp_path, "--cfg", str(path), env={"MLFLOW_TRACKING_URI": uri}))
+    # TMPDIR: flytekit's local sandbox, and so the Deck files, land under tmp_path.
+    proc = run_pipeline(tmp_path, "--cfg", str(path), env={"MLFLOW_TRACKING_URI": uri, "TMPDIR": str(tmp_path)})
+    out = _ok(proc)
     run = MlflowClient(uri).get_run(_run_id(out))
     assert run.data.tags["flyscale.strategy"] == "pipeline"
     assert run.data.tags["flyscale.world_size"] == "2"
     assert run.data.params["train.options.schedule"] == "1f1b"
     assert run.data.metrics["test_accuracy"] >= 0.95
+
+    # The preflight ran on the 2 workers and rank 0 logged its per-step comparison.
+    log = proc.stdout + proc.stderr
+    match = re.search(r"preflight passed: 5 steps of pipeline, world size 1 vs 2, max relative difference (\S+)", log)
+    assert match, log[-4000:]
+    assert float(match.group(1)) < 1e-5
+    assert run.data.metrics["preflight_max_rel_diff"] == pytest.approx(float(match.group(1)), rel=1e-2, abs=1e-12)
+    assert "preflight   PASSED: 5 steps at world size 1 vs 2" in out  # and in the summary
+    assert re.search(r"^\s+5\s+\d+\.\d+\s+\d+\.\d+", log, re.MULTILINE)  # the table's last step
+    # Rank 0's Deck reached the parent process and was written with the plot and the last epoch.
+    decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
+    curves = [d for d in decks if "<h3>Learning curves</h3>" in d]
+    assert len(curves) == 1, f"{len(decks)} deck files, none with learning curves"
+    assert 'src="data:image/png;base64,' in curves[0] and "20 epochs; last epoch" in curves[0]

@@ -97,7 +97,7 @@ def _reference_training(data: TrainData, cfg: TrainConfig):
         set_epoch(loader, epoch)
         sums = [0.0, 0.0, 0]
         for xb, yb in loader:
-            loss_sum, correct = step(xb, yb)
+            loss_sum, correct, _ = step(xb, yb)
             sums = [sums[0] + float(loss_sum), sums[1] + float(correct), sums[2] + len(yb)]
         epochs.append((sums[0] / sums[2], sums[1] / sums[2]))
     return model, epochs
@@ -159,9 +159,12 @@ def test_one_step_matches_single_process_for_both_schedules(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_training_matches_single_process_weights_and_metrics(tmp_path):
+# With clipping the update depends on the norm of the WHOLE model's gradient, though each rank
+# holds one stage: per-stage clipping would fail this comparison.
+@pytest.mark.parametrize("clip", [0.0, 0.05], ids=["no-clip", "global-clip"])
+def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
     data = _toy_data()  # 72 rows: 4 full batches of 16 per epoch, the partial one is dropped
-    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3)
+    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=clip)
     ref_model, ref_epochs = _reference_training(data, cfg)
     v_loss, v_correct, v_count = evaluate_split(ref_model, data.x_val, data.y_val, DistContext())()
 
@@ -280,3 +283,12 @@ def test_two_stages_learn_digits_and_rank0_returns_the_complete_model(tmp_path):
     model.load_state_dict(rank0["state"])
     _, correct, count = evaluate_split(model, data.x_val, data.y_val, DistContext())()
     assert correct / count == pytest.approx(epochs[-1]["val_accuracy"])
+
+
+@pytest.mark.parametrize(
+    "field, value", [("grad_accum_steps", 2), ("precision", "bf16"), ("activation_checkpointing", True)]
+)
+def test_settings_the_pipeline_does_not_apply_are_refused(field, value):
+    cfg = TrainConfig(strategy="pipeline", batch_size=16, **{field: value})
+    with pytest.raises(ValueError, match=f"train.{field}=.*not supported by the pipeline strategy"):
+        pipeline(_mlp(), _toy_data(), cfg, DistContext(), PipelineOptions())

@@ -45,7 +45,7 @@ def test_multi_node_training_serialises_as_pytorchjob(tmp_path):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(specs) == 9
+    assert len(specs) == 10
     for name, spec in specs.items():
         t = spec.template
         assert t.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE

@@ -94,7 +94,7 @@ print("valid")
             "acme-cuda-kernels", "Other models: acme_tiny_mlp, cnn, mlp",
         ]),
         ("model", "resnet9000", "{}", ["model.name: unknown model 'resnet9000'; available: acme_broken, acme_tiny_mlp, cnn, mlp"]),
-        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_min_f1, min_metric"]),
+        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_min_f1, beats_champion, min_metric"]),
         # The plugin's own options dataclass validates its section, field by field.
         ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
         ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; expected one of width"]),

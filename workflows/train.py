@@ -11,18 +11,24 @@ from flyscale.config import PipelineConfig
 from flyscale.summary import RunSummary
 from tasks.data import augment_data, load_data, split_data, validate_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
+from tasks.preflight import preflight_check
 from tasks.register import register_model
 from tasks.train import train_model
 
 
 @workflow
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
-    """load -> validate -> split -> augment -> train -> evaluate -> gate -> quantize -> register."""
+    """load -> validate -> split -> augment -> preflight -> train -> evaluate -> gate -> quantize -> register."""
     raw, info = load_data(cfg=cfg.data)
     clean, _quarantined, report = validate_data(raw=raw, cfg=cfg.data)
     train, val, test = split_data(clean=clean, cfg=cfg.data)
     augmented = augment_data(train=train, info=info, cfg=cfg.augment)
-    weights, history = train_model(train=augmented, val=val, info=info, model_cfg=cfg.model, cfg=cfg.train)
+    checked = preflight_check(
+        train=augmented, val=val, info=info, model_cfg=cfg.model, cfg=cfg.train, preflight_cfg=cfg.preflight
+    )
+    weights, history = train_model(
+        train=augmented, val=val, info=info, model_cfg=cfg.model, cfg=cfg.train, preflight=checked
+    )
     fp32 = evaluate_model(weights=weights, test=test, info=info, model_cfg=cfg.model)
     verdict = gate_model(metrics=fp32, cfg=cfg.gate, champion_of=cfg.mlflow)
     int8_weights, int8, int8_verdict = quantize_model(
@@ -30,5 +36,5 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     )
     return register_model(
         cfg=cfg, info=info, report=report, history=history, weights=weights, fp32=fp32, gate=verdict,
-        int8_weights=int8_weights, int8=int8, int8_gate=int8_verdict,
+        int8_weights=int8_weights, int8=int8, int8_gate=int8_verdict, preflight=checked,
     )

@@ -7,8 +7,6 @@ through the stages with the GPipe or 1F1B schedule. Ranks come only from the `Di
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -18,10 +16,10 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext, set_epoch
-from flyscale.training import EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, make_optimizer
-
-log = logging.getLogger(__name__)
+from flyscale.distributed import DistContext
+from flyscale.training import (
+    StepFn, TrainData, TrainResult, evaluate_split, fit, make_optimizer, make_scheduler,
+)
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -174,19 +172,45 @@ def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) 
         raise ValueError(f"train.batch_size ({cfg.batch_size}) exceeds the {len(data.y_train)} training rows")
 
 
-def _train_epoch(stage: LocalStage, optimizer: torch.optim.Optimizer, loader: DataLoader, ctx: DistContext):
-    loss_t = torch.zeros((), device=ctx.device)
-    correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
-    count = 0
-    for xb, yb in loader:
-        xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
+def _unsupported(cfg: TrainConfig) -> None:
+    """Settings this strategy does not apply yet: refuse them rather than silently ignore them."""
+    for name, off in (("grad_accum_steps", 1), ("precision", "fp32"), ("activation_checkpointing", False)):
+        if getattr(cfg, name) != off:
+            raise ValueError(
+                f"train.{name}={getattr(cfg, name)!r} is not supported by the pipeline strategy "
+                f"(micro-batching already bounds activation memory); set it to {off!r} or use strategy 'ddp'"
+            )
+
+
+def clip_global_grad_norm(stage: LocalStage, max_norm: float, ctx: DistContext) -> None:
+    """Clip by the norm of the WHOLE model's gradient, though each rank holds one stage of it.
+
+    Clipping each stage by its own norm would be a different (and wrong) update.
+    """
+    grads = [p.grad for p in stage.module.parameters() if p.grad is not None]
+    local_sq = float(sum(g.detach().pow(2).sum() for g in grads)) if grads else 0.0
+    total = ctx.all_reduce_sum([local_sq])[0] ** 0.5
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for g in grads:
+            g.mul_(scale)
+
+
+def pipeline_step(stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext, scheduler) -> StepFn:
+    """One optimizer step on one global batch, for this rank's stage."""
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         optimizer.zero_grad(set_to_none=True)
-        batch_loss, batch_correct = forward_backward(stage, xb, yb)
+        loss_sum, correct = forward_backward(stage, xb, yb)
+        if cfg.grad_clip_norm > 0:
+            clip_global_grad_norm(stage, cfg.grad_clip_norm, ctx)
         optimizer.step()
-        loss_t += batch_loss
-        correct_t += batch_correct
-        count += len(yb)
-    return float(loss_t), float(correct_t), count  # one device sync per epoch
+        if scheduler is not None:
+            scheduler.step()
+        # Every stage saw the same rows; only the last one accounts for them (it has the loss).
+        return loss_sum, correct, len(yb) if stage.is_last or stage.schedule is None else 0
+
+    return step
 
 
 def pipeline(
@@ -194,44 +218,28 @@ def pipeline(
 ) -> TrainResult:
     """Train with pipeline parallelism over world_size stages (or plainly, when running alone)."""
     _check_batches(data, cfg, options)
+    _unsupported(cfg)
     model = model.to(ctx.device)
     stage = build_stage(model, ctx, options)
-    optimizer = make_optimizer(stage.module, cfg)
+    # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
+    optimizer = make_optimizer(stage.module, cfg, world_size=1)
     loader = train_loader(data, cfg)
-    evaluate = evaluate_split(model, data.x_val, data.y_val, ctx)
-    history = TrainHistory(strategy="pipeline", world_size=ctx.world_size)
-    for epoch in range(cfg.epochs):
-        set_epoch(loader, epoch)
-        model.train()
-        start = time.perf_counter()
-        loss_sum, correct, count = _train_epoch(stage, optimizer, loader, ctx)
-        seconds = time.perf_counter() - start
+    scheduler = make_scheduler(optimizer, cfg, len(loader))
+    evaluate_full = evaluate_split(model, data.x_val, data.y_val, ctx)
+
+    def evaluate() -> tuple[float, float, float]:
         # Validate the whole model: each rank gathers all stages' weights, then scores its share.
         # That moves the model once per epoch, cheap next to an epoch for models this size.
         gather_weights(model, stage, ctx)
-        v_loss, v_correct, v_count = evaluate()
-        # Only the last stage reports training loss and hits; the other ranks add zeros. `count`
-        # is not reduced: every rank saw the same global batches.
-        loss_sum, correct, v_loss, v_correct, v_count = ctx.all_reduce_sum(
-            [loss_sum, correct, v_loss, v_correct, v_count]
-        )
-        m = EpochMetrics(
-            epoch=epoch,
-            train_loss=loss_sum / count,
-            train_accuracy=correct / count,
-            val_loss=v_loss / max(v_count, 1),
-            val_accuracy=v_correct / max(v_count, 1),
-            seconds=seconds,
-            samples_per_s=count / seconds if seconds > 0 else 0.0,
-        )
-        history.epochs.append(m)
-        if ctx.is_main:
-            log.info(
-                "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s",
-                epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy, m.samples_per_s,
-            )
+        return evaluate_full()
+
+    history = fit(
+        model, pipeline_step(stage, optimizer, cfg, ctx, scheduler), loader, evaluate, cfg, ctx, "pipeline", optimizer
+    )
     # After the last gather every rank's model holds all trained stages; rank 0's is the result.
     return TrainResult(model=model, history=history)
 
 
 pipeline.options_type = PipelineOptions  # type: ignore[attr-defined]
+# `train.batch_size` is the global batch: every stage sees it (the preflight check needs to know).
+pipeline.per_worker_batch = False  # type: ignore[attr-defined]

@@ -1,0 +1,71 @@
+"""Preflight stage: a few steps at world size N against one process, on the training workers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flytekit import Resources, task
+from flytekit.core.task import TaskPlugins
+from pandera.typing import DataFrame
+
+from flyscale import artifacts, data, distributed, preflight
+from flyscale.caching import code_cache
+from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
+from flyscale.preflight import PreflightReport
+from flyscale.schemas import LabeledFrame
+from flyscale.training import TrainData
+from plugins import registry
+from plugins.protocols import DatasetInfo, parse_options
+from tasks.common import IMAGE
+from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, training_launcher
+
+
+@dataclasses.dataclass
+class PreflightLauncher(LocalSafeElastic):
+    """The training launcher, for a task that starts no workers when the check is switched off."""
+
+
+class PreflightElasticTask(LocalSafeElasticTask):
+    def _execute(self, **kwargs):
+        # The workflow is static, so this task always runs; off, it costs no worker start-up.
+        if not kwargs["preflight_cfg"].enabled:
+            return PreflightReport.skipped()
+        return super()._execute(**kwargs)
+
+
+TaskPlugins.register_pythontask_plugin(PreflightLauncher, PreflightElasticTask)
+
+
+def _launcher():
+    """The training launcher (the same worker group is what is checked), skippable when it is elastic."""
+    base = training_launcher()
+    if not isinstance(base, LocalSafeElastic):
+        return base  # a classic PyTorchJob: every pod runs the body below, which returns at once when off
+    return PreflightLauncher(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+
+
+@task(
+    task_config=_launcher(),
+    cache=code_cache("models", "strategies"),
+    container_image=IMAGE,
+    requests=Resources(cpu="2", mem="4Gi"),
+    shared_memory=True,
+)
+def preflight_check(
+    train: DataFrame[LabeledFrame],
+    val: DataFrame[LabeledFrame],
+    info: DatasetInfo,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    preflight_cfg: PreflightConfig,
+) -> PreflightReport:
+    """Fail fast, with the numbers, if N workers do not compute what one process computes."""
+    with distributed.process_group() as ctx:
+        x_train, y_train = data.to_tensors(train, info)
+        x_val, y_val = data.to_tensors(val, info)
+        strategy = registry.strategies.get(cfg.strategy)
+        report = preflight.run_preflight(
+            lambda: artifacts.build_model(model_cfg, info), TrainData(x_train, y_train, x_val, y_val), cfg,
+            preflight_cfg, ctx, strategy, parse_options(strategy, cfg.options, "train.options"),
+        )
+        return distributed.rank_zero_outputs(ctx, report)

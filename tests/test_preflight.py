@@ -1,0 +1,187 @@
+"""The preflight check passes correct setups and stops broken ones with the numbers.
+
+Every case runs the library function on 2 real gloo processes. Faults are injected the way a
+user would ship them: as a strategy plugin registered by name inside the worker processes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
+
+from flyscale import data as fdata
+from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
+from flyscale.distributed import process_group
+from flyscale.preflight import PreflightReport, compare, run_preflight
+from flyscale.training import (
+    EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, fit, make_loader, make_optimizer, standard_step,
+)
+from plugins import registry
+from plugins.datasets import digits
+from plugins.protocols import parse_options
+from tests.distributed_helpers import run_on_ranks
+
+MODEL = ModelConfig(name="mlp", options={"hidden": [64, 32]})  # default dropout 0.1: the check must cope
+
+
+def _digits() -> TrainData:
+    x, y = fdata.to_tensors(digits.load(None), digits.info(None))
+    return TrainData(x[:1500], y[:1500], x[1500:], y[1500:])
+
+
+def _broken(model, data: TrainData, cfg: TrainConfig, ctx, options, *, sync=True, scale_by_world=True, shard=True):
+    """DDP with one of the classic faults: no gradient all-reduce, LR not scaled by world, no sharding."""
+    wrapped = DistributedDataParallel(model) if sync else model
+    dataset = TensorDataset(data.x_train, data.y_train)
+    sampler = ctx.train_sampler(dataset, seed=cfg.seed) if shard else None  # None: every rank reads every row
+    loader = make_loader(dataset, sampler, cfg, ctx)
+    optimizer = make_optimizer(model, cfg, ctx.world_size if scale_by_world else 1)
+    step = standard_step(wrapped, optimizer, cfg, ctx.device)
+    evaluate = evaluate_split(model, data.x_val, data.y_val, ctx)
+    history = fit(wrapped, step, loader, evaluate, cfg, ctx, "broken", optimizer)
+    return TrainResult(model=model, history=history)
+
+
+BROKEN = {
+    "no_allreduce": dict(sync=False),
+    "unscaled_lr": dict(scale_by_world=False),
+    "unsharded": dict(shard=False),
+}
+
+
+def _preflight_on_rank(cases: list[tuple[str, dict]], steps: int = 5) -> list:
+    """One worker: for each (strategy, train config), register it if broken, run the preflight.
+
+    Several cases share one spawned group: starting processes costs more than the check itself.
+    Returns [(report, error message)] in case order.
+    """
+    from flyscale import artifacts
+
+    out = []
+    with process_group(timeout_s=60) as ctx:
+        for strategy, train in cases:
+            if strategy in BROKEN:
+                registry.strategies.register(strategy, lambda *a, _k=BROKEN[strategy]: _broken(*a, **_k))
+            cfg = TrainConfig(strategy=strategy, **train)
+            fn = registry.strategies.get(strategy)
+            options = parse_options(fn, cfg.options, "train.options")
+            try:
+                out.append((run_preflight(
+                    lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg,
+                    PreflightConfig(enabled=True, steps=steps), ctx, fn, options,
+                ), None))
+            except ValueError as exc:
+                out.append((None, str(exc)))
+            ctx.barrier()  # rank 1 must not start the next case while rank 0 still runs the reference
+    return out
+
+
+CORRECT = [
+    ("ddp", dict(batch_size=32)),  # the defaults: static graph, gradients as bucket views
+    # LR scaling, warm-up and gradient accumulation under no_sync: all must still match one process.
+    ("ddp", dict(batch_size=32, scale_lr=True, base_batch_size=32, warmup_epochs=2.0, grad_accum_steps=2)),
+    ("pipeline", dict(batch_size=64, options={"schedule": "1f1b", "microbatches": 4})),
+]
+
+
+@pytest.mark.timeout(180)
+def test_correct_setups_pass_with_matching_losses():
+    rank0, rank1 = run_on_ranks(_preflight_on_rank, 2, CORRECT)
+    assert rank1 == [(None, None)] * len(CORRECT)  # only rank 0 compares and reports
+    for (strategy, _), (report, error) in zip(CORRECT, rank0):
+        assert error is None, error
+        assert isinstance(report, PreflightReport) and report.passed
+        assert report.world_size == 2 and report.steps == 5 and report.strategy == strategy
+        assert report.max_rel_diff < 1e-5, report.table()  # fp32: rounding only, far below the default rtol
+        assert len(report.losses_world1) == len(report.losses_worldN) == 5
+        # The steps trained: otherwise two untouched models would agree trivially.
+        assert report.losses_worldN[-1] < 0.9 * report.losses_worldN[0]
+
+
+@pytest.mark.timeout(180)
+def test_broken_setups_fail_fast_with_the_numbers():
+    faults = sorted(BROKEN)
+    rank0, _ = run_on_ranks(_preflight_on_rank, 2, [(f, dict(batch_size=32, scale_lr=True)) for f in faults])
+    for fault, (report, error) in zip(faults, rank0):
+        assert report is None and error is not None, f"{fault} passed the preflight"
+        assert f"preflight failed: {fault} at world size 2" in error
+        assert "Suspect data sharding, learning-rate scaling, gradient synchronisation" in error
+        lines = error.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "loss@1"])
+        rows = [line.split() for line in lines[header + 1:]]
+        assert [r[0] for r in rows] == ["1", "2", "3", "4", "5"], error
+        # Each fault is far beyond the default rtol (1e-3), not a borderline call.
+        assert max(float(r[-1]) for r in rows) > 1e-2, error
+
+
+def _history(*losses: float) -> TrainHistory:
+    h = TrainHistory(strategy="ddp", world_size=4)
+    h.epochs = [EpochMetrics(i, loss, 0.5, loss, 0.5, 1.0, 1.0) for i, loss in enumerate(losses)]
+    return h
+
+
+def test_compare_uses_relative_tolerance_on_every_step():
+    ok = compare(_history(2.0, 1.5), _history(2.0, 1.5 * (1 + 5e-4)), rtol=1e-3, strategy="ddp")
+    assert ok.passed and ok.world_size == 4 and ok.steps == 2
+    bad = compare(_history(2.0, 1.5), _history(2.0, 1.5 * (1 + 2e-3)), rtol=1e-3, strategy="ddp")
+    assert not bad.passed and bad.max_rel_diff == pytest.approx(3e-3 / 1.503, rel=1e-9)
+    assert "   2" in bad.table() and "1.503000" in bad.table()
+
+
+def test_disabled_preflight_returns_at_once():
+    from flyscale.distributed import DistContext
+
+    def never(*_):
+        raise AssertionError("the strategy must not run when preflight is disabled")
+
+    report = run_preflight(never, _digits(), TrainConfig(), PreflightConfig(), DistContext(world_size=3), never, None)
+    assert report == PreflightReport.skipped() and report.passed and report.steps == 0
+
+
+def test_switched_off_task_starts_no_workers(monkeypatch):
+    """Off, the task answers in the parent process: no worker group, no seconds of start-up."""
+    from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
+
+    from tasks.preflight import preflight_check
+
+    def no_workers(*_, **__):
+        raise AssertionError("a switched-off preflight started the worker group")
+
+    monkeypatch.setattr(PytorchElasticFunctionTask, "_execute", no_workers)  # where flytekit starts workers
+    frame = digits.load(None).head(64)
+    report = preflight_check.execute(
+        train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
+        preflight_cfg=PreflightConfig(),
+    )
+    assert report == PreflightReport.skipped()
+    with pytest.raises(AssertionError, match="started the worker group"):  # and on, it would have
+        preflight_check.execute(
+            train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
+            preflight_cfg=PreflightConfig(enabled=True),
+        )
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("steps", 0, "preflight.steps must be > 0"),
+    ("rtol", 0.0, "preflight.rtol must be > 0"),
+    ("rtol", 1.5, "preflight.rtol must be < 1"),
+])
+def test_preflight_config_names_the_bad_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PreflightConfig(**{field: value})
+
+
+def test_world_size_one_matches_trivially_without_spawning():
+    from flyscale import artifacts
+    from flyscale.distributed import DistContext
+
+    cfg = TrainConfig(batch_size=16)
+    fn = registry.strategies.get("ddp")
+    report = run_preflight(
+        lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg, PreflightConfig(enabled=True, steps=3),
+        DistContext(), fn, parse_options(fn, {}, "train.options"),
+    )
+    assert report.passed and report.steps == 3 and report.max_rel_diff < 1e-6
+    assert torch.tensor(report.losses_world1).argmin() == 2  # three steps down one batch

@@ -1,0 +1,40 @@
+"""The "Learning curves" Deck: a real PNG inline, and the numbers of every epoch."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from flyscale.report import learning_curves_html
+from flyscale.training import EpochMetrics, TrainHistory
+
+
+def _history() -> TrainHistory:
+    h = TrainHistory(strategy="ddp", world_size=2, diagnosis="input-bound: raise <num_workers>")
+    for e in range(4):
+        h.epochs.append(EpochMetrics(
+            epoch=e, train_loss=2.0 / (e + 1), train_accuracy=0.5 + 0.1 * e, val_loss=2.1 / (e + 1),
+            val_accuracy=0.45 + 0.1 * e, seconds=0.5, samples_per_s=4321.0 + e, data_wait_fraction=0.42,
+        ))
+    return h
+
+
+def test_deck_has_an_inline_png_plot():
+    html = learning_curves_html(_history())
+    match = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
+    assert match, html[:500]
+    png = base64.b64decode(match.group(1))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000  # a drawn figure, not an empty image
+
+
+def test_deck_shows_the_last_epoch_numbers_and_escapes_text():
+    html = learning_curves_html(_history())
+    assert "Learning curves" in html
+    assert "val loss 0.5250, val accuracy 0.7500" in html  # the last epoch, in the summary line
+    assert "<td>4</td><td>0.5000</td><td>0.5250</td>" in html  # and in the per-epoch table
+    assert "<td>4324</td><td>42%</td>" in html  # throughput and data wait
+    assert "raise &lt;num_workers&gt;" in html  # text from the run is escaped, never markup
+
+
+def test_deck_without_epochs_says_so():
+    assert "No epochs" in learning_curves_html(TrainHistory(strategy="ddp", world_size=1))
