@@ -36,12 +36,14 @@ def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def report(title: str, baseline: str, candidate: str, rows: dict[str, dict[str, float]], goal: float) -> None:
-    """One line per model: both timings and candidate/baseline."""
+def report(title: str, baseline: str, candidates: list[str], rows: dict[str, dict[str, float]], goal: float) -> None:
+    """One line per model and candidate: both timings and candidate/baseline."""
     print(title)
     for model, t in rows.items():
-        ratio = t[candidate] / t[baseline]
-        print(
-            f"  {model:<26} {baseline} {t[baseline] * 1000:7.1f} ms/epoch   {candidate} {t[candidate] * 1000:7.1f} ms/epoch"
-            f"   ratio {ratio:.3f} {'(goal <= %.2f: met)' % goal if ratio <= goal else '(goal <= %.2f: NOT met)' % goal}"
-        )
+        for candidate in candidates:
+            ratio = t[candidate] / t[baseline]
+            verdict = f"(goal <= {goal:.2f}: {'met' if ratio <= goal else 'NOT met'})"
+            print(
+                f"  {model:<24} {baseline} {t[baseline] * 1000:7.1f} ms/epoch   {candidate} "
+                f"{t[candidate] * 1000:7.1f} ms/epoch   ratio {ratio:.3f} {verdict}"
+            )

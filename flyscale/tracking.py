@@ -7,6 +7,7 @@ to MLflow" holds by construction.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -106,22 +107,22 @@ def publish(
         mlflow.set_tags({**record.tags, "flyscale.gates": "passed" if passed else "failed"})
         mlflow.log_params({k: str(v)[:500] for k, v in record.params.items()})
         for m in record.history.epochs:
-            mlflow.log_metrics(
-                {
-                    "train_loss": m.train_loss,
-                    "train_accuracy": m.train_accuracy,
-                    "val_loss": m.val_loss,
-                    "val_accuracy": m.val_accuracy,
-                    "epoch_seconds": m.seconds,
-                    "samples_per_s": m.samples_per_s,
-                    "lr": m.lr,
-                    "data_wait_fraction": m.data_wait_fraction,
-                    "compute_fraction": m.compute_fraction,
-                    "comm_fraction": m.comm_fraction,
-                    "peak_memory_mb": m.peak_memory_mb,
-                },
-                step=m.epoch,
-            )
+            per_epoch = {
+                "train_loss": m.train_loss,
+                "train_accuracy": m.train_accuracy,
+                "val_loss": m.val_loss,
+                "val_accuracy": m.val_accuracy,
+                "epoch_seconds": m.seconds,
+                "samples_per_s": m.samples_per_s,
+                "lr": m.lr,
+                "data_wait_fraction": m.data_wait_fraction,
+                "compute_fraction": m.compute_fraction,
+                "comm_fraction": m.comm_fraction,
+                "grad_comm_fraction": m.grad_comm_fraction,
+                "peak_memory_mb": m.peak_memory_mb,
+            }
+            # Untracked values are NaN (train accuracy unless train.track_train_accuracy): leave them out.
+            mlflow.log_metrics({k: v for k, v in per_epoch.items() if math.isfinite(v)}, step=m.epoch)
         drop = record.fp32.accuracy - record.int8.accuracy
         mlflow.log_metrics(
             {

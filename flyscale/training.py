@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import resource
 import time
 import types
@@ -41,6 +42,9 @@ class EpochMetrics:
     data_wait_fraction: float = 0.0  # share of the epoch spent waiting for the next batch
     compute_fraction: float = 0.0  # share spent in forward/backward/optimizer (incl. overlapped comm)
     comm_fraction: float = 0.0  # share spent in collectives outside the step (metric reductions)
+    # Share of the epoch with gradient all-reduces in flight (DDP). They overlap backward, so this
+    # is how busy the network was, not time added to the step.
+    grad_comm_fraction: float = 0.0
     peak_memory_mb: float = 0.0  # max over ranks: CUDA allocator peak, else process max RSS
 
 
@@ -70,11 +74,11 @@ class TrainResult:
     history: TrainHistory
 
 
-# A step trains on one batch and returns (summed loss, number correct, rows) for the rows this
-# rank accounts for: the batch under data parallelism, the whole global batch on a pipeline's
+# A step trains on one batch and returns (summed loss, number correct or None when not tracked,
+# rows) for the rows this rank accounts for: the batch under data parallelism, the whole global batch on a pipeline's
 # last stage and 0 on its other stages. Loss and hits stay 0-d tensors until the epoch ends: a
 # float() per step would stall a GPU on every batch.
-StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]]
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None, int]]
 # An evaluation returns (summed loss, number correct, count) over this rank's share of the val set.
 EvalFn = Callable[[], tuple[float, float, float]]
 
@@ -161,29 +165,32 @@ def standard_step(
     scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
     k = cfg.grad_accum_steps
 
-    def backward(xm: torch.Tensor, ym: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    track = cfg.track_train_accuracy
+
+    def backward(xm: torch.Tensor, ym: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast(cfg, device):
             logits = model(xm)
             loss = F.cross_entropy(logits.float(), ym)
         weighted = loss * weight if weight != 1.0 else loss
         (scaler.scale(weighted) if scaler else weighted).backward()
         with torch.no_grad():
-            return loss.detach() * len(ym), (logits.argmax(1) == ym).sum()
+            return loss.detach() * len(ym), (logits.argmax(1) == ym).sum() if track else None
 
-    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
         optimizer.zero_grad(set_to_none=True)
         if k == 1:
             loss_sum, correct = backward(xb, yb, 1.0)
         else:
             loss_sum = torch.zeros((), device=xb.device)
-            correct = torch.zeros((), device=xb.device, dtype=torch.long)
+            correct = torch.zeros((), device=xb.device, dtype=torch.long) if track else None
             chunks = list(zip(xb.chunk(k), yb.chunk(k)))
             for i, (xm, ym) in enumerate(chunks):
                 last = i == len(chunks) - 1
                 with no_sync() if (no_sync and not last) else contextlib.nullcontext():
                     chunk_loss, chunk_correct = backward(xm, ym, len(ym) / len(yb))
                 loss_sum += chunk_loss
-                correct += chunk_correct
+                if track:
+                    correct += chunk_correct
         if scaler:
             scaler.unscale_(optimizer)
         if cfg.grad_clip_norm > 0:
@@ -247,7 +254,7 @@ def _train_epoch(
     """One pass of `step` over `loader`: (loss sum, correct, rows, data wait s, seconds) on this rank."""
     loss_t = torch.zeros((), device=ctx.device)
     correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
-    count, wait = 0, 0.0
+    count, wait, tracked = 0, 0.0, False
     if bar is not None:
         bar.start_epoch()
     start = tick = time.perf_counter()
@@ -256,12 +263,15 @@ def _train_epoch(
         xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
         batch_loss, batch_correct, rows = step(xb, yb)
         loss_t += batch_loss
-        correct_t += batch_correct
+        if batch_correct is not None:
+            correct_t += batch_correct
+            tracked = True
         count += rows
         if bar is not None:
             bar.step(len(yb))
         tick = time.perf_counter()
-    loss_sum, correct = float(loss_t), float(correct_t)  # one device sync per epoch
+    # One device sync per epoch. NaN accuracy when no step tracked it: unknown is not zero.
+    loss_sum, correct = float(loss_t), float(correct_t) if tracked else math.nan
     return loss_sum, correct, count, wait, time.perf_counter() - start
 
 
@@ -274,16 +284,26 @@ def fit(
     ctx: DistContext,
     strategy: str,
     optimizer: torch.optim.Optimizer | None = None,
+    grad_comm_seconds: Callable[[], float] | None = None,
 ) -> TrainHistory:
-    """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each."""
+    """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each.
+
+    `grad_comm_seconds`, if given, returns the seconds gradient all-reduces have been in flight
+    so far (see plugins/strategies/ddp.py's timed hook).
+    """
     history = TrainHistory(strategy=strategy, world_size=ctx.world_size)
     with train_progress(cfg.epochs, len(loader), main=ctx.is_main, world_size=ctx.world_size) as bar:
+        comm_before = grad_comm_seconds() if grad_comm_seconds else 0.0
         for epoch in range(cfg.epochs):
             set_epoch(loader, epoch)
             model.train()
             loss_sum, correct, count, wait, seconds = _train_epoch(step, loader, ctx, bar)
             v_loss, v_correct, v_count = evaluate()
-            m = _epoch_metrics(epoch, [loss_sum, correct, count, v_loss, v_correct, v_count, wait, seconds], ctx)
+            comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
+            grad_comm, comm_before = comm_now - comm_before, comm_now
+            m = _epoch_metrics(
+                epoch, [loss_sum, correct, count, v_loss, v_correct, v_count, wait, grad_comm, seconds], ctx
+            )
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
             history.epochs.append(m)
             history.diagnosis = diagnose(m, cfg) or history.diagnosis
@@ -304,7 +324,9 @@ def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext) -> EpochMet
     """Sum this rank's epoch counters over all ranks into one EpochMetrics (lr left to the caller)."""
     seconds = local[-1]  # this rank's own wall time: the reductions below are not part of the epoch
     comm_start = time.perf_counter()
-    loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, seconds_all = ctx.all_reduce_sum(local)
+    loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, grad_comm_all, seconds_all = ctx.all_reduce_sum(
+        local
+    )
     comm = time.perf_counter() - comm_start
     mem = max(ctx.all_gather_object(peak_memory_mb(ctx.device)))  # type: ignore[type-var]
     wall = seconds + comm
@@ -319,5 +341,6 @@ def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext) -> EpochMet
         data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
         compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
         comm_fraction=comm / wall if wall > 0 else 0.0,
+        grad_comm_fraction=grad_comm_all / seconds_all if seconds_all > 0 else 0.0,
         peak_memory_mb=float(mem),
     )

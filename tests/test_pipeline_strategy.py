@@ -164,7 +164,8 @@ def test_one_step_matches_single_process_for_both_schedules(tmp_path):
 @pytest.mark.parametrize("clip", [0.0, 0.05], ids=["no-clip", "global-clip"])
 def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
     data = _toy_data()  # 72 rows: 4 full batches of 16 per epoch, the partial one is dropped
-    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=clip)
+    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=clip,
+                    track_train_accuracy=True)
     ref_model, ref_epochs = _reference_training(data, cfg)
     v_loss, v_correct, v_count = evaluate_split(ref_model, data.x_val, data.y_val, DistContext())()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -143,6 +144,10 @@ def test_ddp_strategy_reports_throughput_and_fractions():
     x, y = torch.rand(256, 64, generator=g) * 16, torch.randint(0, 10, (256,), generator=g)
     cfg = TrainConfig(epochs=2, batch_size=32, grad_accum_steps=2, warmup_epochs=0.5)
     result = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), cfg, DistContext(), DDPOptions())
+    assert all(math.isnan(m.train_accuracy) for m in result.history.epochs)  # not tracked by default
+    tracked = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), TrainConfig(epochs=1, batch_size=32, track_train_accuracy=True),
+                  DistContext(), DDPOptions())
+    assert 0.0 <= tracked.history.epochs[0].train_accuracy <= 1.0
     for m in result.history.epochs:
         assert m.samples_per_s > 0
         assert 0.0 <= m.data_wait_fraction < 1.0 and 0.0 < m.compute_fraction <= 1.0

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
+
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -37,6 +41,24 @@ class DDPOptions:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
 
 
+def timed_allreduce() -> tuple[Callable, Callable[[], float]]:
+    """A DDP comm hook (the default all-reduce, timed launch to completion) and its total seconds."""
+    total = [0.0]
+
+    # No annotations: DDP checks them, and under `from __future__ import annotations` they are strings.
+    def hook(_state, bucket):
+        start = time.perf_counter()
+
+        def done(fut):
+            # Runs on the communication thread when this bucket's all-reduce has finished.
+            total[0] += time.perf_counter() - start
+            return fut.value()
+
+        return default_hooks.allreduce_hook(None, bucket).then(done)
+
+    return hook, lambda: total[0]
+
+
 def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions) -> TrainResult:
     """Train with DistributedDataParallel (or plainly, when running alone)."""
     model = model.to(ctx.device)
@@ -44,6 +66,7 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
         enable_activation_checkpointing(model)
     wrapped: nn.Module = model
     no_sync = None
+    grad_comm_seconds = None
     if ctx.distributed:
         # DDP broadcasts rank 0's initial weights, so every rank starts from the same model.
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -55,6 +78,8 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
             static_graph=options.static_graph and cfg.grad_accum_steps == 1,
         )
         no_sync = wrapped.no_sync
+        hook, grad_comm_seconds = timed_allreduce()
+        wrapped.register_comm_hook(None, hook)
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
@@ -67,6 +92,7 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
         ctx,
         strategy="ddp",
         optimizer=optimizer,
+        grad_comm_seconds=grad_comm_seconds,
     )
     return TrainResult(model=model, history=history)
 
