@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 from torch import nn
 
@@ -57,6 +58,7 @@ class RunRecord:
     int8: EvalMetrics
     verdicts: list[GateVerdict]
     preflight: PreflightReport
+    quarantined: pd.DataFrame  # rejected rows and why: kept with the run, never dropped silently
     validation: dict[str, int]
     tags: dict[str, str]
 
@@ -143,6 +145,9 @@ def publish(
         for v in record.verdicts:
             mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
         with tempfile.TemporaryDirectory() as tmp:
+            if len(record.quarantined):
+                record.quarantined.to_csv(f"{tmp}/quarantine.csv", index=False)
+                mlflow.log_artifact(f"{tmp}/quarantine.csv", artifact_path="data")
             for label, metrics in (("fp32", record.fp32), ("int8", record.int8)):
                 png = plot_confusion(metrics.confusion, f"{label} test confusion", f"{tmp}/confusion_{label}.png")
                 mlflow.log_artifact(png, artifact_path="plots")

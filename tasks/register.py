@@ -6,12 +6,14 @@ import flytekit
 import torch
 from flytekit import task
 from flytekit.types.file import FlyteFile
+from pandera.typing import DataFrame
 
 from flyscale import artifacts, tracking
 from flyscale.caching import code_cache
 from flyscale.config import PipelineConfig, flatten
 from flyscale.data import ValidationReport
 from flyscale.evaluation import EvalMetrics
+from flyscale.schemas import QuarantineFrame
 from flyscale.preflight import PreflightReport
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
@@ -25,6 +27,7 @@ def register_model(
     cfg: PipelineConfig,
     info: DatasetInfo,
     report: ValidationReport,
+    quarantined: DataFrame[QuarantineFrame],
     history: TrainHistory,
     weights: FlyteFile,
     fp32: EvalMetrics,
@@ -45,6 +48,7 @@ def register_model(
         int8=int8,
         verdicts=[gate, int8_gate],
         preflight=preflight,
+        quarantined=quarantined,
         validation={"total_rows": report.total_rows, "valid_rows": report.valid_rows, "quarantined_rows": report.quarantined_rows},
         tags={
             "flyscale.execution_id": execution,

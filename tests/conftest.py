@@ -68,3 +68,31 @@ def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int =
         [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", *args],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    """A real S3-compatible server (moto's server mode) on loopback; yields its endpoint URL."""
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    port = free_port()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"moto server did not start:\n{log.read_text()[-2000:]}")
+            time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

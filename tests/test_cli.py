@@ -49,7 +49,7 @@ def test_plugins_lists_built_ins_with_their_distribution():
             line = rows.get((kind, name))
             assert line is not None, f"{kind}/{name} missing from:\n{proc.stdout}"
             assert dist in line and line.rstrip().endswith("ok"), line
-            assert f"plugins." in line and f":{name}" in line  # the "module:attr" it came from
+            assert "plugins." in line and f":{name}" in line  # the "module:attr" it came from
     # Nothing registered is left out, whichever plugins are installed.
     listed = {key for key in rows}
     assert listed == {(kind, name) for kind, reg in registry.ALL.items() for name in reg.names()}

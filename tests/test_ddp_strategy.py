@@ -68,3 +68,18 @@ def test_ddp_world2_matches_single_process_with_double_batch(bucket_cap_mb, accu
         torch.testing.assert_close(state1[name], state0[name], rtol=0, atol=0, msg=f"{name} differs across ranks")
     # And the run did move the weights: the comparison is not between two untouched models.
     assert not torch.allclose(reference["0.weight"], _model().state_dict()["0.weight"])
+
+
+def _uneven(world_rows: int):
+    """An odd number of rows: DistributedSampler pads, so both ranks run the same number of steps."""
+    with process_group(timeout_s=30) as ctx:
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.rand(world_rows, 64, generator=g), torch.randint(0, 10, (world_rows,), generator=g)
+        result = ddp(_model(), TrainData(x, y, x[:5], y[:5]), _cfg(B), ctx, DDPOptions())
+        return len(result.history.epochs)
+
+
+@pytest.mark.timeout(120)
+def test_uneven_shards_do_not_hang():
+    # 2 * B * STEPS + 1 rows: one rank would have a batch more than the other without padding.
+    assert run_on_ranks(_uneven, 2, 2 * B * STEPS + 1, timeout=60) == [1, 1]

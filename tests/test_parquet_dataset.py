@@ -3,11 +3,7 @@ real moto S3 server process on loopback (boto3 finds it through AWS_ENDPOINT_URL
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -17,19 +13,11 @@ import pytest
 
 from flyscale import data
 from flyscale.config import DataConfig
-from plugins import registry
 from plugins.parquet import ParquetOptions, parquet
 
 pytestmark = pytest.mark.timeout(120)
 
 FEATURES = ["f0", "f1", "f2"]
-
-
-@pytest.fixture(autouse=True)
-def parquet_registered(monkeypatch):
-    """Use the entry point once pyproject declares it; until then register in-process (undone after)."""
-    if "parquet" not in {ep.name for ep in entry_points(group="flyscale.datasets")}:
-        monkeypatch.setattr(registry.datasets, "_manual", {**registry.datasets._manual, "parquet": parquet})
 
 
 def _shard(seed: int, n: int = 30) -> pd.DataFrame:
@@ -159,40 +147,6 @@ def test_missing_path_and_empty_directory_name_the_path(tmp_path):
 
 
 # --- s3:// through a real moto server --------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint(tmp_path_factory):
-    """A moto S3 server process on loopback; yields its endpoint URL and stops it afterwards."""
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    port = _free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"moto server did not start:\n{log.read_text()[-2000:]}")
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tasks.train import train_model
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     """load -> validate -> split -> augment -> preflight -> train -> evaluate -> gate -> quantize -> register."""
     raw, info = load_data(cfg=cfg.data)
-    clean, _quarantined, report = validate_data(raw=raw, cfg=cfg.data)
+    clean, quarantined, report = validate_data(raw=raw, cfg=cfg.data)
     train, val, test = split_data(clean=clean, cfg=cfg.data)
     augmented = augment_data(train=train, info=info, cfg=cfg.augment)
     checked = preflight_check(
@@ -35,6 +35,6 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
         weights=weights, test=test, info=info, model_cfg=cfg.model, cfg=cfg.quantize, fp32=fp32
     )
     return register_model(
-        cfg=cfg, info=info, report=report, history=history, weights=weights, fp32=fp32, gate=verdict,
-        int8_weights=int8_weights, int8=int8, int8_gate=int8_verdict, preflight=checked,
+        cfg=cfg, info=info, report=report, quarantined=quarantined, history=history, preflight=checked,
+        weights=weights, fp32=fp32, gate=verdict, int8_weights=int8_weights, int8=int8, int8_gate=int8_verdict,
     )
