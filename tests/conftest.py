@@ -1,7 +1,8 @@
-"""Shared fixtures: a real `mlflow server` process and a runner for real `pyflyte run`."""
+"""Shared fixtures: real servers on loopback (MLflow, moto's S3) and a runner for real `pyflyte run`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,40 +24,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server on loopback with a SQLite backend; yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            str(BIN / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        ],
-        stdout=open(root / "server.log", "wb"),
-        stderr=subprocess.STDOUT,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
+@contextlib.contextmanager
+def serve(cmd: list[str], ready_url: str, log: Path, timeout: float) -> Iterator[None]:
+    """Run a server process until the block ends; enter only once `ready_url` answers."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.time() + timeout
     while True:
         try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
+            with urllib.request.urlopen(ready_url, timeout=2):
+                break
         except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"mlflow server did not start:\n{(root / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield uri
-    proc.terminate()
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError(f"{cmd[0]} did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.3)
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server with a SQLite backend; yields its URI."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    uri = f"http://127.0.0.1:{free_port()}"
+    cmd = [
+        str(BIN / "mlflow"), "server",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1], "--workers", "1",
+    ]
+    with serve(cmd, f"{uri}/health", root / "server.log", timeout=120):
+        yield uri
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    """A real S3-compatible server (moto's server mode); yields its endpoint URL."""
+    root = tmp_path_factory.mktemp("moto")
+    url = f"http://127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "moto.server", "-p", url.rsplit(":", 1)[1], "-H", "127.0.0.1"]
+    with serve(cmd, f"{url}/moto-api/", root / "moto.log", timeout=60):
+        yield url
 
 
 def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -68,31 +84,3 @@ def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int =
         [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", *args],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
     )
-
-
-@pytest.fixture(scope="session")
-def moto_endpoint(tmp_path_factory):
-    """A real S3-compatible server (moto's server mode) on loopback; yields its endpoint URL."""
-    log = tmp_path_factory.mktemp("moto") / "moto.log"
-    port = free_port()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"], stdout=out, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"moto server did not start:\n{log.read_text()[-2000:]}")
-            time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
