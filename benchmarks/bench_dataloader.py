@@ -17,7 +17,8 @@ from benchmarks.common import digits_x3 as _data
 from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import fit, make_loader, make_optimizer, standard_step
+from flyscale.step import make_optimizer, standard_step
+from flyscale.training import fit, make_loader
 
 READ_LATENCY_S = 0.0002
 ROWS = 2048

@@ -19,7 +19,8 @@ from benchmarks.common import MODELS, digits_x3, interleaved, report
 from flyscale.artifacts import build_model
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import fit, make_loader, make_optimizer, standard_step
+from flyscale.step import make_optimizer, standard_step
+from flyscale.training import fit, make_loader
 from plugins.strategies.ddp import DDPOptions, ddp
 
 EPOCHS = 5

@@ -35,9 +35,8 @@ from torch.utils.data import TensorDataset
 
 from flyscale.config import PreflightConfig, TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import (
-    TrainData, TrainHistory, evaluate_split, fit, make_loader, make_optimizer, make_scheduler, standard_step,
-)
+from flyscale.step import make_optimizer, make_scheduler, standard_step
+from flyscale.training import TrainData, TrainHistory, evaluate_split, fit, make_loader
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, process_group, set_epoch
-from flyscale.training import TrainData, evaluate_split, make_optimizer, standard_step
+from flyscale.step import make_optimizer, standard_step
+from flyscale.training import TrainData, evaluate_split
 from plugins.models import CNNOptions, MLPOptions, cnn, mlp
 from plugins.protocols import DatasetInfo, parse_options
 from plugins.strategies.pipeline import (

@@ -15,8 +15,9 @@ from flyscale import data as fdata
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
 from flyscale.distributed import process_group
 from flyscale.preflight import PreflightReport, compare, run_preflight
+from flyscale.step import make_optimizer, standard_step
 from flyscale.training import (
-    EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, fit, make_loader, make_optimizer, standard_step,
+    EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, fit, make_loader,
 )
 from plugins import registry
 from plugins.datasets import digits

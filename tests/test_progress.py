@@ -10,7 +10,8 @@ from rich.console import Console
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.progress import train_progress
-from flyscale.training import evaluate_split, fit, make_loader, make_optimizer, standard_step
+from flyscale.step import make_optimizer, standard_step
+from flyscale.training import evaluate_split, fit, make_loader
 from plugins.datasets import digits
 from plugins.models import MLP, MLPOptions
 

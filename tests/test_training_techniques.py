@@ -12,10 +12,10 @@ from torch.utils.data import Dataset
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import (
-    TrainData, effective_lr, enable_activation_checkpointing, fit, make_loader, make_optimizer, make_scheduler,
-    standard_step,
+from flyscale.step import (
+    effective_lr, enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step,
 )
+from flyscale.training import TrainData, fit, make_loader
 from plugins.datasets import digits
 from plugins.models import CNN, MLP, CNNOptions, MLPOptions
 from plugins.strategies.ddp import DDPOptions, ddp

@@ -14,10 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import (
-    TrainData, TrainResult, enable_activation_checkpointing, evaluate_split, fit, make_loader, make_optimizer,
-    make_scheduler, standard_step,
-)
+from flyscale.step import enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step
+from flyscale.training import TrainData, TrainResult, evaluate_split, fit, make_loader
 
 
 def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:

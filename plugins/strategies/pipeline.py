@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
-from flyscale.training import (
-    StepFn, TrainData, TrainResult, evaluate_split, fit, make_optimizer, make_scheduler,
-)
+from flyscale.step import StepFn, make_optimizer, make_scheduler
+from flyscale.training import TrainData, TrainResult, evaluate_split, fit
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
