@@ -1,7 +1,8 @@
 """DDP's own overhead at world size 1, against the bare model.
 
-"DDP" wraps the model in DistributedDataParallel (with the ddp strategy's options) in a
-world-size-1 gloo group: no peer, so the ratio is the cost of DDP's hooks and bucketing.
+"DDP" wraps the model exactly as the ddp strategy does on several workers (its default options
+and timed comm hook) in a world-size-1 gloo group: no peer, so the ratio is the cost of DDP's
+hooks and bucketing.
 "ddp strategy" is what a user runs: flyscale's `ddp` strategy on one worker, which does not wrap
 at world size 1 because there is nothing to synchronise. Same loop, data and model. Goal: <= 1.05.
 """
@@ -12,7 +13,6 @@ import socket
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import MODELS, digits_x3, interleaved, report
@@ -22,6 +22,7 @@ from flyscale.distributed import DistContext
 from flyscale.step import make_optimizer, standard_step
 from flyscale.training import fit, make_loader
 from plugins.strategies.ddp import DDPOptions, ddp
+from plugins.strategies.ddp import wrap as wrap_ddp
 
 EPOCHS = 5
 ROUNDS = 3
@@ -30,14 +31,8 @@ ROUNDS = 3
 def _epochs(wrap: bool, d, info, model_cfg, cfg) -> list[float]:
     torch.manual_seed(0)
     model = build_model(model_cfg, info)
-    options = DDPOptions()  # the ddp strategy's defaults
-    wrapped = model
-    if wrap:
-        wrapped = DistributedDataParallel(
-            model, bucket_cap_mb=options.bucket_cap_mb, gradient_as_bucket_view=options.gradient_as_bucket_view,
-            static_graph=options.static_graph,
-        )
     ctx = DistContext()
+    wrapped = wrap_ddp(model, cfg, ctx.device, DDPOptions())[0] if wrap else model
     dataset = TensorDataset(d.x_train, d.y_train)
     loader = make_loader(dataset, ctx.train_sampler(dataset, seed=0), cfg, ctx)
     opt = make_optimizer(model, cfg)

@@ -22,9 +22,7 @@ def digits_x3() -> tuple[TrainData, object]:
     frame, info = data.load(DataConfig())
     train, val, _ = data.split(frame, DataConfig())
     train = data.augment(train, info, AugmentConfig(copies=2))
-    x, y = data.to_tensors(train, info)
-    xv, yv = data.to_tensors(val, info)
-    return TrainData(x, y, xv, yv), info
+    return data.train_data(train, val, info), info
 
 
 def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict[str, float]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 import torch
 from torch import nn
 
-from flyscale.config import ModelConfig, QuantizeConfig
+from flyscale.config import ModelConfig, QuantizeConfig, TrainConfig
 from plugins import registry
 from plugins.protocols import DatasetInfo, parse_options
 
@@ -18,6 +19,12 @@ def build_model(cfg: ModelConfig, info: DatasetInfo) -> nn.Module:
     """A freshly initialised model from the configured plugin."""
     plugin = registry.models.get(cfg.name)
     return plugin.build(parse_options(plugin, cfg.options, "model.options"), info)
+
+
+def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The configured training strategy function and its parsed options."""
+    fn = registry.strategies.get(cfg.strategy)
+    return fn, parse_options(fn, cfg.options, "train.options")
 
 
 def quantize(model: nn.Module, cfg: QuantizeConfig) -> nn.Module:

@@ -10,6 +10,7 @@ import pandera.pandas as pa
 import torch
 
 from flyscale.config import AugmentConfig, DataConfig
+from flyscale.training import TrainData
 from plugins import registry
 from plugins.protocols import DatasetInfo, parse_options
 
@@ -103,6 +104,11 @@ def augment(train: pd.DataFrame, info: DatasetInfo, cfg: AugmentConfig) -> pd.Da
         frame[info.label_column] = train[info.label_column].to_numpy()
         copies.append(frame)
     return pd.concat([train, *copies], ignore_index=True)
+
+
+def train_data(train: pd.DataFrame, val: pd.DataFrame, info: DatasetInfo) -> TrainData:
+    """The training and validation splits as the tensors strategies train on."""
+    return TrainData(*to_tensors(train, info), *to_tensors(val, info))
 
 
 def to_tensors(frame: pd.DataFrame, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:

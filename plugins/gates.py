@@ -10,14 +10,18 @@ from plugins.protocols import GateVerdict
 METRICS = ("accuracy", "macro_f1")
 
 
+def _check_metric(metric: str) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+
+
 @dataclass
 class MinMetricOptions:
     metric: str = "accuracy"
     threshold: float = 0.95
 
     def __post_init__(self):
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        _check_metric(self.metric)
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
 
@@ -47,8 +51,7 @@ class BeatsChampionOptions:
     min_improvement: float = 0.0  # how much better than the champion a candidate must be
 
     def __post_init__(self):
-        if self.metric not in METRICS:
-            raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        _check_metric(self.metric)
         if self.min_improvement < 0:
             raise ValueError(f"min_improvement must be >= 0, got {self.min_improvement}")
 

@@ -13,9 +13,7 @@ from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
 from flyscale.preflight import PreflightReport
 from flyscale.schemas import LabeledFrame
-from flyscale.training import TrainData
-from plugins import registry
-from plugins.protocols import DatasetInfo, parse_options
+from plugins.protocols import DatasetInfo
 from tasks.common import IMAGE
 from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, training_launcher
 
@@ -61,11 +59,9 @@ def preflight_check(
 ) -> PreflightReport:
     """Fail fast, with the numbers, if N workers do not compute what one process computes."""
     with distributed.process_group() as ctx:
-        x_train, y_train = data.to_tensors(train, info)
-        x_val, y_val = data.to_tensors(val, info)
-        strategy = registry.strategies.get(cfg.strategy)
+        strategy, options = artifacts.strategy(cfg)
         report = preflight.run_preflight(
-            lambda: artifacts.build_model(model_cfg, info), TrainData(x_train, y_train, x_val, y_val), cfg,
-            preflight_cfg, ctx, strategy, parse_options(strategy, cfg.options, "train.options"),
+            lambda: artifacts.build_model(model_cfg, info), data.train_data(train, val, info), cfg,
+            preflight_cfg, ctx, strategy, options,
         )
         return distributed.rank_zero_outputs(ctx, report)

@@ -15,9 +15,8 @@ from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.preflight import PreflightReport
 from flyscale.schemas import LabeledFrame
-from flyscale.training import TrainData, TrainHistory
-from plugins import registry
-from plugins.protocols import DatasetInfo, parse_options
+from flyscale.training import TrainHistory
+from plugins.protocols import DatasetInfo
 from tasks.common import IMAGE
 from tasks.elastic import training_launcher
 
@@ -48,11 +47,8 @@ def train_model(
             log.info("preflight passed: %d steps, max relative diff %.2e", preflight.steps, preflight.max_rel_diff)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = artifacts.build_model(model_cfg, info)
-        x_train, y_train = data.to_tensors(train, info)
-        x_val, y_val = data.to_tensors(val, info)
-        strategy = registry.strategies.get(cfg.strategy)
-        options = parse_options(strategy, cfg.options, "train.options")
-        result = strategy(model, TrainData(x_train, y_train, x_val, y_val), cfg, ctx, options)
+        strategy, options = artifacts.strategy(cfg)
+        result = strategy(model, data.train_data(train, val, info), cfg, ctx, options)
         if not ctx.is_main:
             return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
         Deck("Learning curves", report.learning_curves_html(result.history))

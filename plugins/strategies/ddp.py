@@ -6,9 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
+import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -33,6 +33,9 @@ class DDPOptions:
     # models whose forward takes different paths from step to step. Ignored with gradient
     # accumulation: torch 2.13's reducer asserts when static_graph meets no_sync().
     static_graph: bool = True
+    # Time every gradient all-reduce (grad_comm_fraction in MLflow). The Python callback per
+    # bucket costs about 7% of a step on the digits models (bench_ddp); turn off to save it.
+    time_comm: bool = True
 
     def __post_init__(self):
         if self.bucket_cap_mb <= 0:
@@ -57,6 +60,27 @@ def timed_allreduce() -> tuple[Callable, Callable[[], float]]:
     return hook, lambda: total[0]
 
 
+def wrap(model: nn.Module, cfg: TrainConfig, device: torch.device, options: DDPOptions):
+    """`model` in DistributedDataParallel as the strategy configures it.
+
+    Returns (wrapped model, seconds its gradient all-reduces have been in flight so far, or None
+    when `options.time_comm` is off).
+    """
+    # DDP broadcasts rank 0's initial weights, so every rank starts from the same model.
+    wrapped = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=options.bucket_cap_mb,
+        gradient_as_bucket_view=options.gradient_as_bucket_view,
+        static_graph=options.static_graph and cfg.grad_accum_steps == 1,
+    )
+    if not options.time_comm:
+        return wrapped, None
+    hook, grad_comm_seconds = timed_allreduce()
+    wrapped.register_comm_hook(None, hook)
+    return wrapped, grad_comm_seconds
+
+
 def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions) -> TrainResult:
     """Train with DistributedDataParallel (or plainly, when running alone)."""
     model = model.to(ctx.device)
@@ -66,18 +90,8 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
     no_sync = None
     grad_comm_seconds = None
     if ctx.distributed:
-        # DDP broadcasts rank 0's initial weights, so every rank starts from the same model.
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(
-            model,
-            device_ids=device_ids,
-            bucket_cap_mb=options.bucket_cap_mb,
-            gradient_as_bucket_view=options.gradient_as_bucket_view,
-            static_graph=options.static_graph and cfg.grad_accum_steps == 1,
-        )
+        wrapped, grad_comm_seconds = wrap(model, cfg, ctx.device, options)
         no_sync = wrapped.no_sync
-        hook, grad_comm_seconds = timed_allreduce()
-        wrapped.register_comm_hook(None, hook)
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
