@@ -32,23 +32,12 @@ ENV VIRTUAL_ENV=/opt/venv \
 
 RUN python -m venv "${VIRTUAL_ENV}"
 
-WORKDIR /src
-
-# The lock goes in first and alone so that code edits do not re-install 2 GB of wheels.
+# The lock goes in alone, so that code edits do not re-install 2 GB of wheels.
 COPY ${LOCK_FILE} /tmp/requirements.lock
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX}" -r /tmp/requirements.lock
 
-# Dependencies are already pinned above: --no-deps keeps pip from re-resolving, and
-# --no-build-isolation builds with the lock's setuptools instead of fetching another.
-COPY pyproject.toml README.md ./
-COPY flyscale ./flyscale
-COPY plugins ./plugins
-COPY tasks ./tasks
-COPY workflows ./workflows
-RUN pip install --no-cache-dir --no-deps --no-build-isolation .
-
 # ---------------------------------------------------------------------------
-# runtime: the base image, the venv, a non-root user. No compilers, no sources.
+# runtime: the base image, the venv, the project, a non-root user. No compilers.
 # ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS runtime
 
@@ -73,11 +62,24 @@ RUN groupadd --gid 1000 flyscale \
 
 COPY --from=builder /opt/venv /opt/venv
 
-# flytekit's fast registration ships the working tree as a tarball and unpacks it into
-# the task's destination dir: `pyflyte register` defaults to /root and `pyflyte run`
-# to "." (the WORKDIR). pyflyte-fast-execute puts that dir on PYTHONPATH, so freshly
-# uploaded code shadows the copy installed in /opt/venv. Keep WORKDIR /root, writable
-# by the task user, so both defaults land in the same place.
+# The project lives in the working directory, installed there in editable mode: `flyscale` and
+# `flyscale_plugins` (plugins/, by the package-dir mapping) resolve to these files, and tasks/
+# and workflows/ (project code, never installed) import from here through PYTHONPATH.
+# flytekit's fast registration ships the working tree as a tarball and unpacks it into the
+# task's destination dir: `pyflyte register` defaults to /root and `pyflyte run --remote` to
+# "." (the WORKDIR). Unpacked over these same files, fresh core, built-in plugins and tasks
+# replace the image's together (an installed, non-editable copy of the built-ins would stay
+# stale beside fresh core code). New entry points still need a rebuilt image.
 WORKDIR /root
+ENV PYTHONPATH=/root
+COPY --chown=1000:1000 pyproject.toml README.md ./
+COPY --chown=1000:1000 flyscale ./flyscale
+COPY --chown=1000:1000 plugins ./plugins
+COPY --chown=1000:1000 tasks ./tasks
+COPY --chown=1000:1000 workflows ./workflows
+# Dependencies are already pinned above: --no-deps keeps pip from re-resolving, and
+# --no-build-isolation builds with the lock's setuptools instead of fetching another.
+RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \
+    && chown -R flyscale:flyscale /root
 
 USER 1000:1000

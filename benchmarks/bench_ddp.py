@@ -21,8 +21,8 @@ from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import make_optimizer, standard_step
 from flyscale.training import fit, make_loader
-from plugins.strategies.ddp import DDPOptions, ddp
-from plugins.strategies.ddp import wrap as wrap_ddp
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+from flyscale_plugins.strategies.ddp import wrap as wrap_ddp
 
 EPOCHS = 5
 ROUNDS = 3

@@ -18,7 +18,7 @@ from flyscale.artifacts import build_model
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.training import TrainData
-from plugins.strategies.ddp import DDPOptions, ddp
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 EPOCHS = 5
 ROUNDS = 3

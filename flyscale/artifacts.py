@@ -11,26 +11,30 @@ import torch
 from torch import nn
 
 from flyscale.config import ModelConfig, QuantizeConfig, TrainConfig
-from plugins import registry
-from plugins.protocols import DatasetInfo, parse_options
+from flyscale.contracts import DatasetInfo
+
+
+def _module(value: Any, what: str) -> nn.Module:
+    if not isinstance(value, nn.Module):
+        raise TypeError(f"{what} returned {type(value).__name__}, expected a torch.nn.Module")
+    return value
 
 
 def build_model(cfg: ModelConfig, info: DatasetInfo) -> nn.Module:
     """A freshly initialised model from the configured plugin."""
-    plugin = registry.models.get(cfg.name)
-    return plugin.build(parse_options(plugin, cfg.options, "model.options"), info)
+    r = cfg.plugin
+    return _module(r.plugin.build(r.options, info), f"model {cfg.name!r}: build()")
 
 
 def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
     """The configured training strategy function and its parsed options."""
-    fn = registry.strategies.get(cfg.strategy)
-    return fn, parse_options(fn, cfg.options, "train.options")
+    return cfg.plugin.plugin, cfg.plugin.options
 
 
 def quantize(model: nn.Module, cfg: QuantizeConfig) -> nn.Module:
     """A quantized copy of `model` by the configured quantizer."""
-    plugin = registry.quantizers.get(cfg.name)
-    return plugin.quantize(model, parse_options(plugin, cfg.options, "quantize.options"))
+    r = cfg.plugin
+    return _module(r.plugin.quantize(model, r.options), f"quantizer {cfg.name!r}: quantize()")
 
 
 def save_state(model: nn.Module, name: str) -> str:

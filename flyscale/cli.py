@@ -4,8 +4,10 @@
     flyscale plugins --kind models    # one kind only
 
 Each plugin is shown with its entry point ("module:attr"), the installed distribution that
-declared it (name and version), and whether it imports. A broken plugin is listed with its
-error and the command still exits 0: one bad package must not hide what else is installed.
+declared it (name and version), and whether it can be used: it imports, and it fits its kind's
+contract (every required method, callable with the arguments flyscale passes). A broken plugin
+is listed with the reason and the command still exits 0: one bad package must not hide what
+else is installed.
 On a terminal the listing is a rich table; piped, it is one plain line per plugin, so `grep`
 sees whole lines rather than cells wrapped at 80 columns.
 """
@@ -16,17 +18,17 @@ import argparse
 import sys
 from typing import Iterable, Sequence
 
-from plugins import registry
-from plugins.registry import PluginInfo
+from flyscale import registry
+from flyscale.registry import PluginInfo
 
 
 def collect(kinds: Iterable[str]) -> list[PluginInfo]:
-    """Every plugin of `kinds`, each one import-tested (its errors are captured, not raised)."""
+    """Every plugin of `kinds`, each one loaded and checked (its errors are captured, not raised)."""
     return [info for kind in kinds for info in registry.ALL[kind].info()]
 
 
 def _status(info: PluginInfo) -> str:
-    return "ok" if info.error is None else f"import error: {info.error}"
+    return "ok" if info.error is None else f"broken: {info.error}"
 
 
 def render_plain(infos: Sequence[PluginInfo], out) -> None:
@@ -40,6 +42,7 @@ def render_plain(infos: Sequence[PluginInfo], out) -> None:
 
 def render_rich(infos: Sequence[PluginInfo], console) -> None:
     """A table per kind, errors in red."""
+    from rich.markup import escape
     from rich.table import Table
 
     for kind in dict.fromkeys(i.kind for i in infos):
@@ -47,14 +50,14 @@ def render_rich(infos: Sequence[PluginInfo], console) -> None:
         for column in ("name", "entry point", "distribution", "status"):
             table.add_column(column, overflow="fold")
         for i in (i for i in infos if i.kind == kind):
-            status = "[green]ok[/green]" if i.error is None else f"[red]import error:[/red] {i.error}"
+            status = "[green]ok[/green]" if i.error is None else f"[red]broken:[/red] {escape(i.error)}"
             table.add_row(i.name, i.value, i.distribution, status)
         console.print(table)
 
 
 def _summary(infos: Sequence[PluginInfo]) -> str:
     broken = [i for i in infos if i.error is not None]
-    text = f"{len(infos)} plugins, {len(broken)} failed to import"
+    text = f"{len(infos)} plugins, {len(broken)} broken"
     if broken:
         text += ": " + ", ".join(f"{i.kind}/{i.name} ({i.distribution})" for i in broken)
     return text

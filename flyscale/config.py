@@ -8,8 +8,11 @@ stops the run before any data is loaded or any worker is started.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import Any, Callable
+
+from flyscale.registry import Resolved, resolve
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -28,23 +31,31 @@ def _section(obj: Any) -> str:
     return getattr(obj, "_section", type(obj).__name__)
 
 
-def _known(obj: Any, field_name: str, kind: str, options: str | None = None) -> None:
-    """Fail with the alternatives if a plugin name is unknown, or with the field if its options are bad."""
-    from plugins import registry
-    from plugins.protocols import parse_options
+class _Section:
+    """A config section. Sections that name a plugin resolve it once, when they are built
+    (validation and every later use share the result); the resolution never travels in a pickle,
+    so a worker process resolves through its own registry."""
 
-    name = getattr(obj, field_name)
-    where = f"{_section(obj)}.{field_name}"
-    try:
-        plugin = registry.ALL[kind].get(name)
-    except (ValueError, ImportError) as exc:
-        raise ValueError(f"{where}: {exc}") from exc
-    if options is not None:
-        parse_options(plugin, getattr(obj, options), f"{_section(obj)}.{options}")
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_resolved"}
+
+    def _resolved_once(self, key: Any, resolve_fn: Callable[[], Any]) -> Any:
+        # Keyed on the fields it came from, so a section edited after it was built resolves again.
+        cached = self.__dict__.get("_resolved")
+        if cached is None or cached[0] != key:
+            cached = (key, resolve_fn())
+            self.__dict__["_resolved"] = cached
+        return cached[1]
+
+    def _plugin(self, kind: str, name_field: str) -> Resolved:
+        name, options, sec = getattr(self, name_field), self.options, _section(self)  # type: ignore[attr-defined]
+        return self._resolved_once(
+            (name, repr(options)), lambda: resolve(kind, name, options, f"{sec}.{name_field}", f"{sec}.options")
+        )
 
 
 @dataclass
-class DataConfig:
+class DataConfig(_Section):
     """Which dataset to load and how to split it."""
 
     _section = "data"
@@ -56,41 +67,56 @@ class DataConfig:
     max_quarantine_fraction: float = 0.05  # more bad rows than this fails validation
 
     def __post_init__(self):
-        _known(self, "dataset", "datasets", options="options")
+        self.plugin  # noqa: B018 (resolving is the validation: an unknown name or bad option fails here)
         _fraction(self, "val_fraction", lo=0.01, hi=0.5)
         _fraction(self, "test_fraction", lo=0.01, hi=0.5)
         _fraction(self, "max_quarantine_fraction")
 
+    @property
+    def plugin(self) -> Resolved:
+        """The dataset plugin and its parsed options."""
+        return self._plugin("datasets", "dataset")
+
 
 @dataclass
-class AugmentConfig:
+class AugmentConfig(_Section):
     """Augmentations applied to the training split only."""
 
     _section = "augment"
-    names: list[str] = field(default_factory=lambda: ["shift", "noise"])
+    # Applied in order. Unset (None): the dataset's own `default_augmentations`, filled in by
+    # PipelineConfig, since what fits images does not fit tabular rows. [] turns augmentation off.
+    names: list[str] | None = None
     copies: int = 1  # augmented copies per training row, added beside the originals
     options: dict = field(default_factory=dict)  # per-augmentation options
     seed: int = 0
 
     def __post_init__(self):
-        from plugins import registry
-        from plugins.protocols import parse_options
-
         if self.copies < 0:
             raise ValueError(f"augment.copies must be >= 0, got {self.copies}")
-        for name in self.options:
-            if name not in self.names:
-                raise ValueError(f"augment.options.{name}: {name!r} is not listed in augment.names")
-        for name in self.names:
-            try:
-                plugin = registry.augmentations.get(name)
-            except (ValueError, ImportError) as exc:
-                raise ValueError(f"augment.names: {exc}") from exc
-            parse_options(plugin, self.options.get(name), f"augment.options.{name}")
+        if self.names is None:
+            # Which augmentations run is not known yet, but options given for one must fit it.
+            for name, options in self.options.items():
+                resolve("augmentations", name, options, f"augment.options.{name}", f"augment.options.{name}")
+        else:
+            for name in self.options:
+                if name not in self.names:
+                    raise ValueError(f"augment.options.{name}: {name!r} is not listed in augment.names {self.names}")
+        self.plugins  # noqa: B018 (resolving is the validation)
+
+    @property
+    def plugins(self) -> list[Resolved]:
+        """Each augmentation, in order, with its parsed options ([] while `names` is unset)."""
+        names, options = list(self.names or []), self.options
+        return self._resolved_once(
+            (tuple(names), repr(options)),
+            lambda: [
+                resolve("augmentations", n, options.get(n), "augment.names", f"augment.options.{n}") for n in names
+            ],
+        )
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(_Section):
     """Which model to build; `options` go to the model plugin's own options dataclass."""
 
     _section = "model"
@@ -98,11 +124,16 @@ class ModelConfig:
     options: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        _known(self, "name", "models", options="options")
+        self.plugin  # noqa: B018 (resolving is the validation)
+
+    @property
+    def plugin(self) -> Resolved:
+        """The model plugin and its parsed options."""
+        return self._plugin("models", "name")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(_Section):
     """Optimisation and parallelism. `batch_size` is per worker per optimizer step."""
 
     _section = "train"
@@ -130,7 +161,7 @@ class TrainConfig:
     track_train_accuracy: bool = False
 
     def __post_init__(self):
-        _known(self, "strategy", "strategies", options="options")
+        self.plugin  # noqa: B018 (resolving is the validation)
         _positive(self, "epochs", "batch_size", "lr", "grad_accum_steps", "base_batch_size", "prefetch_factor")
         if self.weight_decay < 0:
             raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
@@ -145,9 +176,14 @@ class TrainConfig:
         if self.persistent_workers and self.num_workers == 0:
             raise ValueError("train.persistent_workers needs train.num_workers > 0")
 
+    @property
+    def plugin(self) -> Resolved:
+        """The training strategy and its parsed options."""
+        return self._plugin("strategies", "strategy")
+
 
 @dataclass
-class PreflightConfig:
+class PreflightConfig(_Section):
     """A few optimizer steps at world size 1 and at world size N before training; off by default.
 
     The two runs see the same global batches from the same initial weights, so their losses
@@ -167,19 +203,24 @@ class PreflightConfig:
 
 
 @dataclass
-class GateConfig:
+class GateConfig(_Section):
     """The evaluation gate a model must pass before it may become champion."""
 
     _section = "gate"
     name: str = "min_metric"
-    options: dict = field(default_factory=lambda: {"metric": "accuracy", "threshold": 0.95})
+    options: dict = field(default_factory=dict)  # the gate's own; its defaults live in its options dataclass
 
     def __post_init__(self):
-        _known(self, "name", "gates", options="options")
+        self.plugin  # noqa: B018 (resolving is the validation)
+
+    @property
+    def plugin(self) -> Resolved:
+        """The gate plugin and its parsed options."""
+        return self._plugin("gates", "name")
 
 
 @dataclass
-class QuantizeConfig:
+class QuantizeConfig(_Section):
     """Post-training quantization, and how much accuracy it may cost."""
 
     _section = "quantize"
@@ -188,12 +229,17 @@ class QuantizeConfig:
     max_accuracy_drop: float = 0.01  # the quantization gate: int8 may lose at most this much accuracy
 
     def __post_init__(self):
-        _known(self, "name", "quantizers", options="options")
+        self.plugin  # noqa: B018 (resolving is the validation)
         _fraction(self, "max_accuracy_drop")
+
+    @property
+    def plugin(self) -> Resolved:
+        """The quantizer plugin and its parsed options."""
+        return self._plugin("quantizers", "name")
 
 
 @dataclass
-class MlflowConfig:
+class MlflowConfig(_Section):
     """Where runs and models go. The tracking URI comes from MLFLOW_TRACKING_URI, else ./mlflow.db."""
 
     _section = "mlflow"
@@ -208,7 +254,7 @@ class MlflowConfig:
 
 
 @dataclass
-class PipelineConfig:
+class PipelineConfig(_Section):
     """Everything one run of `training_pipeline` needs."""
 
     data: DataConfig = field(default_factory=DataConfig)
@@ -220,10 +266,35 @@ class PipelineConfig:
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
+    def __post_init__(self):
+        if self.augment.names is None:
+            # Generic config holds no plugin's defaults: the dataset says what fits its data.
+            names = list(self.data.plugin.attribute("default_augmentations"))
+            try:
+                self.augment = dataclasses.replace(self.augment, names=names)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (augment.names is unset, so it is dataset {self.data.dataset!r}'s "
+                                 f"default_augmentations {names})") from None
+
+
+def effective(cfg: PipelineConfig) -> dict[str, Any]:
+    """The config as a nested dict, each plugin's options filled in with the plugin's defaults."""
+    out = asdict(cfg)
+    for section in ("data", "model", "train", "gate", "quantize"):
+        options = getattr(cfg, section).plugin.options
+        out[section]["options"] = asdict(options) if options is not None else {}
+    out["augment"]["options"] = {r.name: asdict(r.options) for r in cfg.augment.plugins if r.options is not None}
+    return out
+
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
-    """`{"train.lr": 0.002, ...}`: the shape MLflow params and the compare view want."""
+    """`{"train.lr": 0.002, ...}`: the shape MLflow params and the compare view want.
+
+    A PipelineConfig is flattened as `effective` gives it, so a plugin default shows as a param.
+    """
     out: dict[str, Any] = {}
+    if isinstance(cfg, PipelineConfig):
+        cfg = effective(cfg)
     items = asdict(cfg).items() if is_dataclass(cfg) else cfg.items()
     for key, value in items:
         name = f"{prefix}{key}"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 import torch
 
 from flyscale.config import AugmentConfig, DataConfig
+from flyscale.contracts import DatasetInfo, as_dataset_info
+from flyscale.schemas import default_row_schema
 from flyscale.training import TrainData
-from plugins import registry
-from plugins.protocols import DatasetInfo, parse_options
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +28,35 @@ class ValidationReport:
 
 
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
-    """Load the configured dataset and its shape facts."""
-    plugin = registry.datasets.get(cfg.dataset)
-    options = parse_options(plugin, cfg.options, "data.options")
-    frame = plugin.load(options).reset_index(drop=True)
-    return frame, plugin.info(options)
+    """Load the configured dataset and its shape facts (converted from whatever the plugin returns)."""
+    r = cfg.plugin
+    frame = r.plugin.load(r.options)
+    if not isinstance(frame, pd.DataFrame):
+        raise TypeError(f"dataset {cfg.dataset!r}: load() returned {type(frame).__name__}, expected a pandas DataFrame")
+    return frame.reset_index(drop=True), as_dataset_info(r.plugin.info(r.options), f"dataset {cfg.dataset!r}")
 
 
-def validate(frame: pd.DataFrame, cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame, ValidationReport]:
+def row_schema(cfg: DataConfig, info: DatasetInfo) -> pa.DataFrameSchema:
+    """The dataset's own row schema, or the one its info implies when it declares none."""
+    r = cfg.plugin
+    if not hasattr(r.plugin, "row_schema"):
+        return default_row_schema(info)
+    schema = r.plugin.row_schema(r.options)
+    if not isinstance(schema, pa.DataFrameSchema):
+        raise TypeError(f"dataset {cfg.dataset!r}: row_schema() returned {type(schema).__name__}, "
+                        "expected a pandera DataFrameSchema")
+    return schema
+
+
+def validate(
+    frame: pd.DataFrame, cfg: DataConfig, info: DatasetInfo
+) -> tuple[pd.DataFrame, pd.DataFrame, ValidationReport]:
     """Split rows into (valid, quarantined-with-reasons) using the dataset's row schema.
 
     Schema-level problems (a missing or extra column) cannot be fixed by dropping rows, so they
     fail at once; row-level failures are quarantined, and too many of them fail the run.
     """
-    plugin = registry.datasets.get(cfg.dataset)
-    schema: pa.DataFrameSchema = plugin.row_schema(parse_options(plugin, cfg.options, "data.options"))
+    schema = row_schema(cfg, info)
     try:
         valid = schema.validate(frame, lazy=True)
         bad = pd.DataFrame({"row": pd.Series(dtype="int64"), "reason": pd.Series(dtype="str")})
@@ -89,21 +104,39 @@ def split(frame: pd.DataFrame, cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def augment(train: pd.DataFrame, info: DatasetInfo, cfg: AugmentConfig) -> pd.DataFrame:
-    """Originals plus `cfg.copies` augmented copies of each row; a pure function of (rows, cfg)."""
+    """Originals plus `cfg.copies` augmented copies of each row; a pure function of (rows, cfg).
+
+    Augmented values are clipped into the dataset's declared `feature_ranges`, so augmented rows
+    stay inside the schema the originals passed.
+    """
+    if cfg.names is None:
+        raise ValueError("augment.names is unset: build the config as a PipelineConfig, which fills in the dataset's defaults")
     if cfg.copies == 0 or not cfg.names:
         return train.copy()
     rng = np.random.default_rng(cfg.seed)
     x = train[info.feature_columns].to_numpy(dtype="float32").reshape(-1, *info.input_shape)
+    lo, hi = _bounds(info)
     copies = []
     for _ in range(cfg.copies):
         out = x.copy()
-        for name in cfg.names:
-            plugin = registry.augmentations.get(name)
-            out = plugin(out, rng, parse_options(plugin, cfg.options.get(name), f"augment.options.{name}"))
-        frame = pd.DataFrame(out.reshape(len(out), -1), columns=info.feature_columns)
+        for r in cfg.plugins:
+            result = r.plugin(out, rng, r.options)
+            if not isinstance(result, np.ndarray) or result.shape != out.shape:
+                got = getattr(result, "shape", type(result).__name__)
+                raise TypeError(f"augmentation {r.name!r} returned {got} for a batch of shape {out.shape}; "
+                                "it must return an array of the same shape")
+            out = result.astype("float32", copy=False)
+        flat = np.clip(out.reshape(len(out), -1), lo, hi)
+        frame = pd.DataFrame(flat, columns=info.feature_columns)
         frame[info.label_column] = train[info.label_column].to_numpy()
         copies.append(frame)
     return pd.concat([train, *copies], ignore_index=True)
+
+
+def _bounds(info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (min, max) from the dataset's declared ranges; unbounded where it declares none."""
+    ranges = [info.feature_ranges.get(c, (-np.inf, np.inf)) for c in info.feature_columns]
+    return np.array([r[0] for r in ranges], dtype="float32"), np.array([r[1] for r in ranges], dtype="float32")
 
 
 def train_data(train: pd.DataFrame, val: pd.DataFrame, info: DatasetInfo) -> TrainData:

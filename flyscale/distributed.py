@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from flyscale import registry
+
 log = logging.getLogger(__name__)
 
 
@@ -139,9 +141,13 @@ def configure_logging(ctx: DistContext) -> None:
         # WARNING, so only our own loggers (below) speak at INFO.
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     level = logging.INFO if ctx.is_main else logging.WARNING
-    logging.getLogger("flyscale").setLevel(level)
-    logging.getLogger("plugins").setLevel(level)
-    logging.getLogger("tasks").setLevel(level)
+    for package in ("flyscale", *plugin_packages()):
+        logging.getLogger(package).setLevel(level)
+
+
+def plugin_packages() -> list[str]:
+    """Top-level packages that provide plugins: their loggers speak like flyscale's own."""
+    return sorted({m.split(".")[0] for r in registry.ALL.values() for m in r.source_modules()})
 
 
 def rank_zero_outputs(ctx: DistContext, value):

@@ -41,8 +41,8 @@ from flyscale.training import TrainData, TrainHistory, evaluate_split, fit, make
 log = logging.getLogger(__name__)
 
 VAL_ROWS = 256  # enough to see an update's effect; the check must stay cheap
-# The loops' own loggers: their per-epoch lines and input-bound diagnosis are noise for 1-step epochs.
-TRAINING_LOGGERS = ("flyscale.training", "plugins.strategies")
+# The loop's own logger: its per-epoch lines and input-bound diagnosis are noise for 1-step epochs.
+TRAINING_LOGGERS = ("flyscale.training",)
 
 
 @dataclass

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flyscale.contracts import GateVerdict
 from flyscale.data import ValidationReport
 from flyscale.evaluation import EvalMetrics
 from flyscale.preflight import PreflightReport
 from flyscale.tracking import Registration
-from plugins.protocols import GateVerdict
 
 
 def _ui_command(uri: str) -> str:

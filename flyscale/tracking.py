@@ -18,10 +18,10 @@ import pandas as pd
 import torch
 from torch import nn
 
+from flyscale.contracts import GateVerdict
 from flyscale.evaluation import EvalMetrics, plot_confusion
 from flyscale.preflight import PreflightReport
 from flyscale.training import TrainHistory
-from plugins.protocols import GateVerdict
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ def fit(
     """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each.
 
     `grad_comm_seconds`, if given, returns the seconds gradient all-reduces have been in flight
-    so far (see plugins/strategies/ddp.py's timed hook).
+    so far (the ddp strategy's timed comm hook provides one).
     """
     history = TrainHistory(strategy=strategy, world_size=ctx.world_size)
     with train_progress(cfg.epochs, len(loader), main=ctx.is_main, world_size=ctx.world_size) as bar:

@@ -70,9 +70,11 @@ class Rotation:
 
 @dataclass
 class NoiseOptions:
-    std: float = 0.5  # in the data's own units (digits pixels span 0-16)
-    min_value: float | None = 0.0  # clip after adding noise, so rows stay inside the schema
-    max_value: float | None = 16.0
+    # Relative to the data's own spread, so no unit or range is assumed: with `per_feature` off
+    # the std of every value in the batch (one scale for an image's pixels), on, each feature's
+    # own std (tabular columns of unrelated scales; a constant column gets no noise).
+    std: float = 0.08
+    per_feature: bool = False
 
     def __post_init__(self):
         if self.std < 0:
@@ -80,28 +82,27 @@ class NoiseOptions:
 
 
 class GaussianNoise:
-    """Add i.i.d. Gaussian noise to every feature, then clip to the valid range.
+    """Add i.i.d. Gaussian noise to every feature, scaled to the batch's spread (any shape).
 
-    Works for images and for tabular features alike (any shape)."""
+    flyscale clips the result into the dataset's declared feature ranges afterwards, so the
+    noise needs no knowledge of them."""
 
     options_type = NoiseOptions
 
     def __call__(self, x: np.ndarray, rng: np.random.Generator, options: NoiseOptions) -> np.ndarray:
-        out = x + rng.normal(0.0, options.std, size=x.shape).astype(x.dtype)
-        if options.min_value is not None or options.max_value is not None:
-            out = np.clip(out, options.min_value, options.max_value)
-        return out
+        scale = x.std(axis=0, keepdims=True) if options.per_feature else x.std()
+        noise = rng.normal(0.0, 1.0, size=x.shape) * (options.std * scale)
+        return x + noise.astype(x.dtype)
 
 
 @dataclass
 class TabularNoiseOptions(NoiseOptions):
     std: float = 0.05
-    min_value: float | None = None  # tabular features have no universal range: no clipping
-    max_value: float | None = None
+    per_feature: bool = True
 
 
 class TabularGaussianNoise(GaussianNoise):
-    """Gaussian noise for tabular features, unclipped by default."""
+    """Gaussian noise for tabular features: each column by its own spread."""
 
     options_type = TabularNoiseOptions
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pandera.pandas as pa
 
-from plugins.protocols import DatasetInfo
+from flyscale.api import DatasetInfo
 
 DIGITS_PIXELS = [f"pixel_{i}" for i in range(64)]
 
@@ -14,6 +14,7 @@ class Digits:
     """scikit-learn's handwritten digits: 64 pixel intensities in [0, 16], labels 0-9."""
 
     options_type = None
+    default_augmentations = ("shift", "noise")
 
     def load(self, options: None) -> pd.DataFrame:
         from sklearn.datasets import load_digits
@@ -24,7 +25,10 @@ class Digits:
         return frame
 
     def info(self, options: None) -> DatasetInfo:
-        return DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=list(DIGITS_PIXELS))
+        return DatasetInfo(
+            name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=list(DIGITS_PIXELS),
+            feature_ranges={c: [0.0, 16.0] for c in DIGITS_PIXELS},
+        )
 
     def row_schema(self, options: None) -> pa.DataFrameSchema:
         pixel = pa.Column(float, checks=pa.Check.in_range(0.0, 16.0), nullable=False, coerce=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from plugins.protocols import GateVerdict
+from flyscale.api import GateVerdict
 
 METRICS = ("accuracy", "macro_f1")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from plugins.protocols import DatasetInfo
+from flyscale.api import DatasetInfo
 
 
 @dataclass

@@ -25,7 +25,7 @@ import pandera.pandas as pa
 import pyarrow
 import pyarrow.parquet as pq
 
-from plugins.protocols import DatasetInfo
+from flyscale.api import DatasetInfo, default_row_schema
 
 LABEL = "label"  # the column name every later stage relies on
 
@@ -86,7 +86,8 @@ def _s3_client():
 
 def _s3_error(exc: Exception, path: str) -> Exception:
     """Network hiccups are worth a retry (Flyte retries recoverable errors); the rest are config."""
-    from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
+    from botocore.exceptions import ClientError
+    from botocore.exceptions import ConnectionError as BotoConnectionError
 
     transient = ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable")
     code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
@@ -196,20 +197,11 @@ def _num_classes(options: ParquetOptions) -> int:
     return int(labels.max()) + 1
 
 
-def _class_check(classes: int) -> pa.Check:
-    """A label must be a whole number in [0, classes)."""
-
-    def whole_in_range(s: pd.Series) -> pd.Series:
-        v = pd.to_numeric(s, errors="coerce")  # text becomes NaN and fails
-        return (v >= 0) & (v < classes) & (v == np.floor(v))
-
-    return pa.Check(whole_in_range, name=f"class in [0, {classes})")
-
-
 class Parquet:
     """Labelled rows from Parquet files: local file/directory or s3://bucket/prefix."""
 
     options_type = ParquetOptions
+    default_augmentations = ("gaussian_noise",)  # scaled per column: fits features of any units
 
     def load(self, options: ParquetOptions) -> pd.DataFrame:
         """The feature columns plus `label`, exactly as stored (validation coerces and checks)."""
@@ -223,23 +215,12 @@ class Parquet:
         return DatasetInfo(
             name=f"parquet:{options.path}", num_classes=_num_classes(options), input_shape=shape,
             feature_columns=features, label_column=LABEL,
+            feature_ranges={c: [float(b) for b in options.ranges[c]] for c in features if c in options.ranges},
         )
 
     def row_schema(self, options: ParquetOptions) -> pa.DataFrameSchema:
         """Features: float, non-null, finite, inside their declared range. Label: a whole number in [0, num_classes)."""
-        finite = pa.Check(lambda s: np.isfinite(s.astype("float64")), name="finite", error="value must be finite")
-        columns = {}
-        for name in _feature_names(options):
-            checks = [finite]
-            if name in options.ranges:
-                lo, hi = (float(b) for b in options.ranges[name])
-                checks.append(pa.Check.in_range(lo, hi))
-            columns[name] = pa.Column(float, checks=checks, nullable=False, coerce=True)
-        classes = _num_classes(options)
-        # No dtype coercion for the label: casting 1.5 to int would silently make it class 1.
-        # One check instead, which text, fractions and out-of-range classes all fail row by row.
-        columns[LABEL] = pa.Column(None, _class_check(classes), nullable=False)
-        return pa.DataFrameSchema(columns, strict=True, name="parquet")
+        return default_row_schema(self.info(options))
 
 
 parquet = Parquet()

@@ -11,9 +11,9 @@ from pandera.typing import DataFrame
 from flyscale import data
 from flyscale.caching import code_cache
 from flyscale.config import AugmentConfig, DataConfig
+from flyscale.contracts import DatasetInfo
 from flyscale.data import ValidationReport
 from flyscale.schemas import LabeledFrame, QuarantineFrame
-from plugins.protocols import DatasetInfo
 from tasks.common import IMAGE, SMALL
 
 Loaded = NamedTuple("Loaded", [("raw", pd.DataFrame), ("info", DatasetInfo)])
@@ -34,9 +34,9 @@ def load_data(cfg: DataConfig) -> Loaded:
 
 
 @task(cache=code_cache("datasets"), container_image=IMAGE, requests=SMALL)
-def validate_data(raw: pd.DataFrame, cfg: DataConfig) -> Validated:
+def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
-    clean, bad, report = data.validate(raw, cfg)
+    clean, bad, report = data.validate(raw, cfg, info)
     return Validated(clean=clean, quarantined=bad, report=report)
 
 

@@ -11,17 +11,24 @@ or, with `FLYSCALE_LAUNCHER=pytorch`, a classic PyTorchJob of one master and
 launcher trains in one process.
 
 A multi-node setting run locally would wait for peers that never come (the rendezvous times out
-after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so.
+after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so. It extends
+flytekit's task plugin through `execute`, the method flytekit documents for it, and hands the
+local run to a single-node twin of the task; it never touches the task's own settings.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import logging
 import os
+import sys
 from dataclasses import dataclass
+from typing import Iterator
 
-from flytekit.core.task import TaskPlugins
 from flytekit import Resources
+from flytekit.core.task import TaskPlugins
 from flytekitplugins.kfpytorch import Elastic, Master, PyTorch, Worker
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
 
@@ -33,22 +40,48 @@ class LocalSafeElastic(Elastic):
     """`Elastic`, except that a local run with nnodes > 1 falls back to one node."""
 
 
+def in_pytorchjob() -> bool:
+    """True inside a PyTorchJob pod: the training operator sets PET_NNODES in every one."""
+    return os.environ.get("PET_NNODES") is not None
+
+
+@contextlib.contextmanager
+def importable_by_workers(fn) -> Iterator[None]:
+    """Keep the folder holding `fn`'s top-level package on sys.path while workers are spawned.
+
+    Spawned workers unpickle the task function by module name (`tasks.train`), and they start
+    with the parent's sys.path. `pyflyte run` puts the project root there only while it loads
+    the workflow file, so without this a local run's workers cannot import the task's module.
+    (In the image the working directory is on PYTHONPATH already, and this changes nothing.)
+    """
+    top = sys.modules[fn.__module__.split(".")[0]]
+    where = os.path.dirname(os.path.dirname(top.__file__) if hasattr(top, "__path__") else top.__file__)
+    added = where not in sys.path
+    if added:
+        sys.path.insert(0, where)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(where)
+
+
 class LocalSafeElasticTask(PytorchElasticFunctionTask):
-    def _execute(self, **kwargs):
-        # The training operator sets PET_NNODES in every PyTorchJob pod; without it we are local.
-        in_pytorchjob = os.environ.get("PET_NNODES") is not None
-        if self.min_nodes > 1 and not in_pytorchjob:
-            log.warning(
-                "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
-                self.task_config.nnodes, self.task_config.nproc_per_node,
-            )
-            saved = (self.min_nodes, self.max_nodes)
-            self.min_nodes = self.max_nodes = 1
-            try:
-                return super()._execute(**kwargs)
-            finally:
-                self.min_nodes, self.max_nodes = saved
-        return super()._execute(**kwargs)
+    def execute(self, **kwargs):
+        with importable_by_workers(self.task_function):
+            if self.min_nodes > 1 and not in_pytorchjob():
+                log.warning(
+                    "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
+                    self.task_config.nnodes, self.task_config.nproc_per_node,
+                )
+                return self._single_node_twin.execute(**kwargs)
+            return super().execute(**kwargs)
+
+    @functools.cached_property
+    def _single_node_twin(self) -> PytorchElasticFunctionTask:
+        """The same function under flytekit's own Elastic plugin, on one node."""
+        config = Elastic(**{f.name: getattr(self.task_config, f.name) for f in dataclasses.fields(Elastic)})
+        return PytorchElasticFunctionTask(task_config=dataclasses.replace(config, nnodes=1), task_function=self.task_function)
 
 
 TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)

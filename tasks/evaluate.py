@@ -8,13 +8,12 @@ from flytekit import task
 from flytekit.types.file import FlyteFile
 from pandera.typing import DataFrame
 
-from flyscale import artifacts, data, tracking
+from flyscale import artifacts, data, gating, tracking
 from flyscale.caching import code_cache
 from flyscale.config import GateConfig, MlflowConfig, ModelConfig, QuantizeConfig
+from flyscale.contracts import DatasetInfo, GateVerdict
 from flyscale.evaluation import EvalMetrics, evaluate
 from flyscale.schemas import LabeledFrame
-from plugins import registry
-from plugins.protocols import DatasetInfo, GateVerdict, parse_options
 from tasks.common import IMAGE, SMALL
 
 Quantized = NamedTuple("Quantized", [("weights", FlyteFile), ("metrics", EvalMetrics), ("verdict", GateVerdict)])
@@ -35,11 +34,8 @@ def evaluate_model(
 @task(cache=code_cache("gates", extra=tracking.tracking_uri), container_image=IMAGE, requests=SMALL)
 def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig) -> GateVerdict:
     """Decide whether the model may become champion; the verdict says why."""
-    gate = registry.gates.get(cfg.name)
     champion = tracking.champion_metrics(champion_of.model_name, champion_of.alias)
-    verdict = gate.check(metrics.scalars(), parse_options(gate, cfg.options, "gate.options"), champion)
-    # A third-party gate returns its own object of the same shape; Flyte needs ours.
-    return GateVerdict(name=verdict.name, passed=bool(verdict.passed), reason=str(verdict.reason))
+    return gating.judge(cfg, metrics.scalars(), champion)
 
 
 @task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL)

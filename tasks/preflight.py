@@ -11,9 +11,9 @@ from pandera.typing import DataFrame
 from flyscale import artifacts, data, distributed, preflight
 from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
+from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
 from flyscale.schemas import LabeledFrame
-from plugins.protocols import DatasetInfo
 from tasks.common import IMAGE
 from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, training_launcher
 
@@ -24,11 +24,11 @@ class PreflightLauncher(LocalSafeElastic):
 
 
 class PreflightElasticTask(LocalSafeElasticTask):
-    def _execute(self, **kwargs):
+    def execute(self, **kwargs):
         # The workflow is static, so this task always runs; off, it costs no worker start-up.
         if not kwargs["preflight_cfg"].enabled:
             return PreflightReport.skipped()
-        return super()._execute(**kwargs)
+        return super().execute(**kwargs)
 
 
 TaskPlugins.register_pythontask_plugin(PreflightLauncher, PreflightElasticTask)

@@ -11,13 +11,13 @@ from pandera.typing import DataFrame
 from flyscale import artifacts, tracking
 from flyscale.caching import code_cache
 from flyscale.config import PipelineConfig, flatten
+from flyscale.contracts import DatasetInfo, GateVerdict
 from flyscale.data import ValidationReport
 from flyscale.evaluation import EvalMetrics
-from flyscale.schemas import QuarantineFrame
 from flyscale.preflight import PreflightReport
+from flyscale.schemas import QuarantineFrame
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
-from plugins.protocols import DatasetInfo, GateVerdict
 from tasks.common import IMAGE, SMALL
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import NamedTuple
 
 import torch
@@ -13,14 +12,12 @@ from pandera.typing import DataFrame
 from flyscale import artifacts, data, distributed, report
 from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, TrainConfig
+from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
 from flyscale.schemas import LabeledFrame
 from flyscale.training import TrainHistory
-from plugins.protocols import DatasetInfo
 from tasks.common import IMAGE
 from tasks.elastic import training_launcher
-
-log = logging.getLogger(__name__)
 
 Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistory)])
 
@@ -43,8 +40,6 @@ def train_model(
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights."""
     with distributed.process_group() as ctx:
-        if ctx.is_main and preflight.steps:
-            log.info("preflight passed: %d steps, max relative diff %.2e", preflight.steps, preflight.max_rel_diff)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = artifacts.build_model(model_cfg, info)
         strategy, options = artifacts.strategy(cfg)

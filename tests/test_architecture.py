@@ -10,10 +10,85 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ["flyscale", "plugins", "tasks", "workflows"]
 RANK_ENV = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE)["']""")
 
+# Each folder's import name and the layers it may import. Arrows point one way:
+# workflows -> tasks -> flyscale, and plugins -> flyscale; the core imports none of the others.
+LAYERS = {"flyscale": "flyscale", "plugins": "flyscale_plugins", "tasks": "tasks", "workflows": "workflows"}
+ALLOWED = {
+    "flyscale": {"flyscale"},
+    "flyscale_plugins": {"flyscale", "flyscale_plugins"},
+    "tasks": {"flyscale", "tasks"},
+    "workflows": {"flyscale", "tasks", "workflows"},
+}
+IMPORT_FUNCTIONS = {"import_module", "__import__", "find_spec"}
+
 
 def _sources():
     for pkg in PACKAGES:
         yield from sorted((REPO / pkg).rglob("*.py"))
+
+
+def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, module) for every import in the file: at top level or inside a function, and
+    `importlib.import_module("...")`-style calls with a literal name, so no lazy import hides."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.append((node.lineno, base))
+        elif isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name in IMPORT_FUNCTIONS and node.args and isinstance(node.args[0], ast.Constant):
+                found.append((node.lineno, str(node.args[0].value)))
+    return found
+
+
+def import_arrows() -> list[tuple[str, str, str]]:
+    """(file:line, importing layer, imported top-level name) for every first-party import."""
+    names = set(LAYERS.values()) | set(LAYERS)
+    arrows = []
+    for path in _sources():
+        rel = path.relative_to(REPO)
+        layer = LAYERS[rel.parts[0]]
+        module = ".".join((layer, *rel.with_suffix("").parts[1:])).removesuffix(".__init__")
+        for line, imported in imported_modules(path, module):
+            top = imported.split(".")[0]
+            if top in names:
+                arrows.append((f"{rel}:{line}", layer, top))
+    return arrows
+
+
+def test_dependencies_point_one_way():
+    """workflows -> tasks -> flyscale and plugins -> flyscale; nothing points back, lazily or not."""
+    arrows = import_arrows()
+    assert len(arrows) > 50  # the walk really sees the project's imports
+    wrong = [f"{where}: {layer} imports {top}" for where, layer, top in arrows if top not in ALLOWED[layer]]
+    assert wrong == [], "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_the_import_walk_catches_a_lazy_import_the_wrong_way(tmp_path):
+    """The check above can fail: an import hidden in a function, or by name, is still an arrow."""
+    sneaky = tmp_path / "config.py"
+    sneaky.write_text(
+        "def f():\n    from flyscale_plugins import models\n"
+        "def g():\n    import importlib\n    return importlib.import_module('tasks.train')\n"
+    )
+    assert [m for _, m in imported_modules(sneaky, "flyscale.config")] == ["flyscale_plugins", "importlib", "tasks.train"]
+
+
+def test_nothing_imports_the_plugins_folder_by_its_folder_name():
+    """plugins/ installs as `flyscale_plugins`; `import plugins` would load a second copy of it."""
+    offenders = [where for where, _, top in import_arrows() if top == "plugins"]
+    for path in sorted((REPO / "tests").rglob("*.py")) + sorted((REPO / "benchmarks").rglob("*.py")):
+        for line, imported in imported_modules(path, "tests.x"):
+            if imported.split(".")[0] == "plugins":
+                offenders.append(f"{path.relative_to(REPO)}:{line}")
+    assert offenders == []
 
 
 def test_only_distributed_module_reads_rank_variables():

@@ -48,7 +48,7 @@ def test_version_changes_with_imported_code_only(pkg):
 
 
 def test_task_version_changes_when_its_plugin_code_changes(tmp_path, monkeypatch):
-    from plugins import registry
+    from flyscale import registry
 
     mod = tmp_path / "acme_cache_plugin.py"
     mod.write_text(textwrap.dedent("""
@@ -73,9 +73,8 @@ def test_task_version_changes_when_its_plugin_code_changes(tmp_path, monkeypatch
 
 
 def test_register_task_version_includes_the_mlflow_store(monkeypatch):
-    from tasks.register import register_model
-
     from flyscale import tracking
+    from tasks.register import register_model
 
     p = SourcePolicy(("models",), extra=tracking.tracking_uri)
     params = VersionParameters(func=register_model.task_function)

@@ -16,7 +16,7 @@ def _cfg(tmp_path, name: str, epochs: int):
     path.write_text(yaml.safe_dump({
         "augment": {"copies": 0},
         "train": {"epochs": epochs, "batch_size": 64},
-        "gate": {"name": "beats_champion", "options": {"metric": "accuracy"}},
+        "gate": {"name": "beats_champion"},  # no options: the gate's own defaults apply
         "mlflow": {"experiment": "champion-e2e", "model_name": "champion-e2e"},
     }))
     return path

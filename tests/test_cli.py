@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flyscale import cli
-from plugins import registry
-from plugins.registry import PluginInfo
+from flyscale import cli, registry
+from flyscale.registry import PluginInfo
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT_INS = {
@@ -49,7 +48,7 @@ def test_plugins_lists_built_ins_with_their_distribution():
             line = rows.get((kind, name))
             assert line is not None, f"{kind}/{name} missing from:\n{proc.stdout}"
             assert dist in line and line.rstrip().endswith("ok"), line
-            assert "plugins." in line and f":{name}" in line  # the "module:attr" it came from
+            assert "flyscale_plugins." in line and f":{name}" in line  # the "module:attr" it came from
     # Nothing registered is left out, whichever plugins are installed.
     listed = {key for key in rows}
     assert listed == {(kind, name) for kind, reg in registry.ALL.items() for name in reg.names()}
@@ -75,13 +74,13 @@ def test_rich_table_shows_broken_plugin_error():
     from rich.console import Console
 
     infos = [
-        PluginInfo("models", "mlp", "plugins.models:mlp", "flyscale 0.1.0"),
+        PluginInfo("models", "mlp", "flyscale_plugins.models:mlp", "flyscale 0.1.0"),
         PluginInfo("models", "bad", "acme.bad:plugin", "acme-bad 1.0", "ImportError: no module named torchvision"),
     ]
     console = Console(record=True, width=200, color_system=None)
     cli.render_rich(infos, console)
     text = console.export_text()
     assert "flyscale.models" in text
-    assert "plugins.models:mlp" in text and "flyscale 0.1.0" in text
-    assert "acme-bad 1.0" in text and "import error: ImportError: no module named torchvision" in text
-    assert cli._summary(infos) == "2 plugins, 1 failed to import: models/bad (acme-bad 1.0)"
+    assert "flyscale_plugins.models:mlp" in text and "flyscale 0.1.0" in text
+    assert "acme-bad 1.0" in text and "broken: ImportError: no module named torchvision" in text
+    assert cli._summary(infos) == "2 plugins, 1 broken: models/bad (acme-bad 1.0)"

@@ -8,7 +8,15 @@ import pytest
 import yaml
 
 from flyscale.config import (
-    AugmentConfig, DataConfig, GateConfig, ModelConfig, PipelineConfig, QuantizeConfig, TrainConfig, flatten, from_dict,
+    AugmentConfig,
+    DataConfig,
+    GateConfig,
+    ModelConfig,
+    PipelineConfig,
+    QuantizeConfig,
+    TrainConfig,
+    flatten,
+    from_dict,
 )
 
 PRESETS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from flyscale.config import TrainConfig
 from flyscale.distributed import process_group
 from flyscale.training import TrainData
-from plugins.datasets import digits
-from plugins.models import MLP, MLPOptions
-from plugins.strategies.ddp import DDPOptions, ddp
+from flyscale_plugins.datasets import digits
+from flyscale_plugins.models import MLP, MLPOptions
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 from tests.distributed_helpers import run_on_ranks
 
 B = 8  # per-rank batch

@@ -7,7 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flyscale import tracking
-from plugins.gates import BeatsChampionOptions, MinMetricOptions, beats_champion, min_metric
+from flyscale_plugins.gates import BeatsChampionOptions, MinMetricOptions, beats_champion, min_metric
 
 
 def test_min_metric_threshold_is_inclusive_and_says_why():

@@ -103,6 +103,11 @@ def _ignored(path: str, patterns: list[str]) -> bool:
     return ignored
 
 
+def _copy_args(rest: str) -> list[str]:
+    """A COPY's sources and destination, without its --flags (--chown, --from, ...)."""
+    return [t for t in rest.split() if not t.startswith("--")]
+
+
 def _docs(path: Path) -> list:
     return list(yaml.safe_load_all(path.read_text()))
 
@@ -130,8 +135,8 @@ def test_hadolint_is_a_real_linter(tmp_path):
 def test_dependencies_come_from_the_lock_file():
     copies = {}
     for keyword, rest in (i for stage in _stages() for i in stage):
-        if keyword == "COPY" and not rest.startswith("--from"):
-            *sources, dest = rest.split()
+        if keyword == "COPY" and "--from" not in rest:
+            *sources, dest = _copy_args(rest)
             copies.update({dest: s for s in sources})
     installs = [r for s in _stages() for k, r in s if k == "RUN" and "pip install" in r]
     lock_args = [m.group(1) for r in installs for m in re.finditer(r"-r\s+(\S+)", r)]
@@ -161,6 +166,13 @@ def test_runtime_environment_suits_flytekit():
     workdirs = [r for k, r in final if k == "WORKDIR"]
     assert workdirs and workdirs[-1] == "/root", "fast registration unpacks code into /root"
     env = _env(final)
+    assert env.get("PYTHONPATH") == "/root", "tasks/ and workflows/ import from the working directory"
+    # The project is installed editable in place, so fast-registered code replaces core and
+    # built-ins together (tests/test_packaging.py runs that layout).
+    installs = [r for k, r in final if k == "RUN" and "pip install" in r]
+    assert any(re.search(r"--no-deps.*-e \.(\s|$)", r) for r in installs), installs
+    copied = {s for k, rest in final if k == "COPY" and "--from" not in rest for s in _copy_args(rest)[:-1]}
+    assert {"flyscale", "plugins", "tasks", "workflows"} <= copied, copied
     assert env.get("PYTHONUNBUFFERED") == "1"
     assert "OMP_NUM_THREADS" not in env, "Elastic sets OMP_NUM_THREADS per worker"
     base = _stages()[-1][0][1].split()[0]
@@ -174,8 +186,8 @@ def test_dockerignore_keeps_the_context_to_what_the_image_needs():
         if ln.strip() and not ln.startswith("#")
     ]
     for keyword, rest in (i for stage in _stages() for i in stage):
-        if keyword == "COPY" and not rest.startswith("--from"):
-            for source in rest.split()[:-1]:
+        if keyword == "COPY" and "--from" not in rest:
+            for source in _copy_args(rest)[:-1]:
                 assert not _ignored(source, patterns), f"COPY {source} but .dockerignore drops it"
     for junk in [".venv/bin/python", ".git/HEAD", "mlflow.db", "mlartifacts/1/a.pt",
                  "tests/test_infra.py", ".pytest_cache/v", "flyscale/__pycache__/a.pyc"]:

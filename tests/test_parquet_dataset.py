@@ -13,7 +13,7 @@ import pytest
 
 from flyscale import data
 from flyscale.config import DataConfig
-from plugins.parquet import ParquetOptions, parquet
+from flyscale_plugins.parquet import ParquetOptions, parquet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,8 +83,8 @@ def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(tmp_path):
     bad.to_parquet(tmp_path / "d" / "b.parquet")
     cfg = _cfg(path=str(tmp_path / "d"), label="target", num_classes=3, ranges={"f1": [0.0, 1.0]})
 
-    frame, _ = data.load(cfg)
-    valid, quarantined, report = data.validate(frame, cfg)
+    frame, info = data.load(cfg)
+    valid, quarantined, report = data.validate(frame, cfg, info)
 
     offset = len(good)  # rows of b.parquet follow those of a.parquet
     reasons = dict(zip(quarantined["row"], quarantined["reason"]))
@@ -104,7 +104,8 @@ def test_fractional_label_is_quarantined_not_truncated(tmp_path):
     frame.loc[3, "label"] = 1.5
     frame.to_parquet(tmp_path / "f.parquet")
     cfg = _cfg(path=str(tmp_path / "f.parquet"))
-    valid, quarantined, _ = data.validate(data.load(cfg)[0], cfg)
+    frame, info = data.load(cfg)
+    valid, quarantined, _ = data.validate(frame, cfg, info)
     assert quarantined["row"].tolist() == [3] and "1.5" in quarantined["reason"][0]
     assert len(valid) == 19
 
@@ -182,7 +183,7 @@ def test_s3_prefix_loads_exactly_what_local_files_hold(shards, s3):
     assert (s3_info.num_classes, s3_info.input_shape, s3_info.feature_columns) == (
         local_info.num_classes, local_info.input_shape, local_info.feature_columns,
     )
-    valid, quarantined, _ = data.validate(s3_frame, _cfg(path=f"s3://{bucket}/data/shards", label="target"))
+    valid, quarantined, _ = data.validate(s3_frame, _cfg(path=f"s3://{bucket}/data/shards", label="target"), s3_info)
     assert len(valid) == 60 and quarantined.empty
 
 
@@ -201,7 +202,7 @@ def test_s3_missing_bucket_names_the_path(s3):
 def test_parquet_is_declared_as_an_entry_point():
     """The built-in registers like a third-party plugin would (pyproject + reinstall)."""
     eps = {ep.name: ep.value for ep in entry_points(group="flyscale.datasets")}
-    assert eps.get("parquet") == "plugins.parquet:parquet", (
-        'add  parquet = "plugins.parquet:parquet"  under [project.entry-points."flyscale.datasets"] '
+    assert eps.get("parquet") == "flyscale_plugins.parquet:parquet", (
+        'add  parquet = "flyscale_plugins.parquet:parquet"  under [project.entry-points."flyscale.datasets"] '
         "in pyproject.toml, then `pip install -e .` so the installed metadata lists it"
     )

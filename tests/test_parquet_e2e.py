@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from plugins.datasets import DIGITS_PIXELS, digits
+from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import run_pipeline
 
 

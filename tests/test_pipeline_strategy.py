@@ -13,13 +13,13 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, process_group, set_epoch
 from flyscale.step import make_optimizer, standard_step
 from flyscale.training import TrainData, evaluate_split
-from plugins.models import CNNOptions, MLPOptions, cnn, mlp
-from plugins.protocols import DatasetInfo, parse_options
-from plugins.strategies.pipeline import (
+from flyscale_plugins.models import CNNOptions, MLPOptions, cnn, mlp
+from flyscale_plugins.strategies.pipeline import (
     PipelineOptions,
     auto_split_points,
     build_stage,
@@ -242,7 +242,7 @@ def test_equal_layers_split_by_layer_count():
         lambda m: split_model(m, 2, [7]),  # past the last layer (the MLP has 7)
         lambda m: split_model(m, 2, [1, 3]),  # two points for two stages
         lambda m: split_model(m, 3, [1, 3]),  # stage 1 = ReLU, Dropout: nothing to train
-        lambda m: parse_options(pipeline, {"split_points": [4, 2]}, "train.options"),
+        lambda m: TrainConfig(strategy="pipeline", options={"split_points": [4, 2]}),
     ],
 )
 def test_bad_split_points_name_the_field(make):
@@ -262,7 +262,7 @@ def test_bad_options_name_the_field_and_alternatives():
 
 @pytest.mark.timeout(90)
 def test_two_stages_learn_digits_and_rank0_returns_the_complete_model(tmp_path):
-    from plugins.datasets import digits
+    from flyscale_plugins.datasets import digits
 
     frame = digits.load(None)
     x = torch.tensor(frame.drop(columns="label").to_numpy(), dtype=torch.float32) / 16.0

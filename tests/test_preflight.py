@@ -12,16 +12,21 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
 from flyscale import data as fdata
+from flyscale import registry
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
 from flyscale.distributed import process_group
 from flyscale.preflight import PreflightReport, compare, run_preflight
 from flyscale.step import make_optimizer, standard_step
 from flyscale.training import (
-    EpochMetrics, TrainData, TrainHistory, TrainResult, evaluate_split, fit, make_loader,
+    EpochMetrics,
+    TrainData,
+    TrainHistory,
+    TrainResult,
+    evaluate_split,
+    fit,
+    make_loader,
 )
-from plugins import registry
-from plugins.datasets import digits
-from plugins.protocols import parse_options
+from flyscale_plugins.datasets import digits
 from tests.distributed_helpers import run_on_ranks
 
 MODEL = ModelConfig(name="mlp", options={"hidden": [64, 32]})  # default dropout 0.1: the check must cope
@@ -66,8 +71,7 @@ def _preflight_on_rank(cases: list[tuple[str, dict]], steps: int = 5) -> list:
             if strategy in BROKEN:
                 registry.strategies.register(strategy, lambda *a, _k=BROKEN[strategy]: _broken(*a, **_k))
             cfg = TrainConfig(strategy=strategy, **train)
-            fn = registry.strategies.get(strategy)
-            options = parse_options(fn, cfg.options, "train.options")
+            fn, options = cfg.plugin.plugin, cfg.plugin.options
             try:
                 out.append((run_preflight(
                     lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg,
@@ -179,10 +183,9 @@ def test_world_size_one_matches_trivially_without_spawning():
     from flyscale.distributed import DistContext
 
     cfg = TrainConfig(batch_size=16)
-    fn = registry.strategies.get("ddp")
     report = run_preflight(
         lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg, PreflightConfig(enabled=True, steps=3),
-        DistContext(), fn, parse_options(fn, {}, "train.options"),
+        DistContext(), cfg.plugin.plugin, cfg.plugin.options,
     )
     assert report.passed and report.steps == 3 and report.max_rel_diff < 1e-6
     assert torch.tensor(report.losses_world1).argmin() == 2  # three steps down one batch

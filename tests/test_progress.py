@@ -12,8 +12,8 @@ from flyscale.distributed import DistContext
 from flyscale.progress import train_progress
 from flyscale.step import make_optimizer, standard_step
 from flyscale.training import evaluate_split, fit, make_loader
-from plugins.datasets import digits
-from plugins.models import MLP, MLPOptions
+from flyscale_plugins.datasets import digits
+from flyscale_plugins.models import MLP, MLPOptions
 
 
 def _terminal() -> tuple[Console, io.StringIO]:

@@ -1,8 +1,11 @@
-"""A third-party plugin package, never mentioned in flyscale's code, used by name.
+"""Third-party plugin packages, never mentioned in flyscale's code, used by name.
 
-tests/example_plugin is built and installed with pip into a scratch directory put on
-PYTHONPATH (the venv itself is left untouched); everything then runs in subprocesses, exactly
-as a user would: `flyscale plugins`, config validation, and the whole pipeline under `pyflyte run`.
+tests/example_plugin (imports nothing from flyscale, returns its own objects) and
+tests/example_typed_plugin (written against `flyscale.api`) are built and installed with pip
+into a scratch directory put on PYTHONPATH (the venv itself is left untouched: other tests list
+what is installed); entry-point discovery is the same as for a package installed into the venv.
+Everything then runs in subprocesses, exactly as a user would: `flyscale plugins`, config
+validation, and the whole pipeline under `pyflyte run`.
 """
 
 from __future__ import annotations
@@ -21,19 +24,23 @@ from mlflow import MlflowClient
 from tests.conftest import run_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLE = REPO / "tests" / "example_plugin"
+EXAMPLES = [REPO / "tests" / "example_plugin", REPO / "tests" / "example_typed_plugin"]
 DIST = "acme-flyscale-example 0.3.1"
+TYPED = "acme-flyscale-typed 1.0.0"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """The example package pip-installed into a scratch site directory (no network needed)."""
+    """The example packages pip-installed into a scratch site directory (no network needed)."""
     root = tmp_path_factory.mktemp("thirdparty")
-    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
-    src = shutil.copytree(EXAMPLE, root / "src", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    # Build from copies: setuptools writes build/ and *.egg-info next to the sources.
+    srcs = [
+        shutil.copytree(example, root / example.name, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+        for example in EXAMPLES
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(root / "site"), str(src)],
+         "--target", str(root / "site"), *map(str, srcs)],
         capture_output=True, text=True, timeout=180,
     )
     assert proc.returncode == 0, f"pip install failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -56,25 +63,36 @@ def test_flyscale_plugins_shows_third_party_and_broken_plugins(site):
     proc = _python(site, "-m", "flyscale.cli", "plugins")
     assert proc.returncode == 0, proc.stderr  # a broken plugin is reported, not fatal
     rows = {tuple(line.split()[:2]): line for line in proc.stdout.splitlines()}
-    tiny = rows[("models", "acme_tiny_mlp")]
-    assert "acme_flyscale.models:tiny_mlp" in tiny and DIST in tiny and tiny.rstrip().endswith("ok")
-    gate = rows[("gates", "acme_min_f1")]
-    assert "acme_flyscale.gates:min_f1" in gate and DIST in gate and gate.rstrip().endswith("ok")
+    for kind, name, value, dist in [
+        ("datasets", "acme_wine", "acme_flyscale.datasets:wine", DIST),
+        ("models", "acme_tiny_mlp", "acme_flyscale.models:TinyMLP", DIST),  # a class: built once, then checked
+        ("gates", "acme_min_f1", "acme_flyscale.gates:min_f1", DIST),
+        ("gates", "acme_max_loss", "acme_typed.plugins:max_loss", TYPED),
+        ("models", "acme_linear", "acme_typed.plugins:linear", TYPED),
+    ]:
+        line = rows[(kind, name)]
+        assert value in line and dist in line and line.rstrip().endswith("ok"), line
     broken = rows[("models", "acme_broken")]
     assert DIST in broken
-    assert "import error: ImportError: acme_flyscale.broken needs the 'acme-cuda-kernels' package" in broken
-    # The broken one spoils nothing else.
+    assert "broken: ImportError: acme_flyscale.broken needs the 'acme-cuda-kernels' package" in broken
+    # The wrong shape is caught at lookup, with the method it lacks, not later inside a worker.
+    wrong = rows[("models", "acme_no_build")]
+    assert DIST in wrong and "broken:" in wrong and "has no method build(options, info)" in wrong, wrong
+    # The broken ones spoil nothing else.
     assert rows[("models", "mlp")].rstrip().endswith("ok")
     assert rows[("gates", "min_metric")].rstrip().endswith("ok")
-    assert f"1 failed to import: models/acme_broken ({DIST})" in proc.stdout
+    assert f"2 broken: models/acme_broken ({DIST}), models/acme_no_build ({DIST})" in proc.stdout
 
 
 CHECK_CONFIG = """
 import sys
-from flyscale.config import GateConfig, ModelConfig
+from flyscale.config import DataConfig, GateConfig, ModelConfig
 kind, name, options = sys.argv[1], sys.argv[2], eval(sys.argv[3])
 try:
-    (ModelConfig if kind == "model" else GateConfig)(name=name, options=options)
+    if kind == "data":
+        DataConfig(dataset=name, options=options)
+    else:
+        (ModelConfig if kind == "model" else GateConfig)(name=name, options=options)
 except ValueError as exc:
     print(exc)
     sys.exit(3)
@@ -88,13 +106,23 @@ print("valid")
     [
         ("model", "acme_tiny_mlp", "{'width': 32}", ["valid"]),
         ("gate", "acme_min_f1", "{'threshold': 0.8}", ["valid"]),
+        ("data", "acme_wine", "{}", ["valid"]),
+        ("gate", "acme_max_loss", "{'max_loss': 0.3}", ["valid"]),
+        ("gate", "acme_max_loss", "{'max_loss': 0}", ["gate.options: max_loss must be > 0, got 0"]),
+        # A plugin of the wrong shape is refused when the config is built, naming what it lacks.
+        ("model", "acme_no_build", "{}", [
+            "model.name: model plugin 'acme_no_build' from package 'acme-flyscale-example' "
+            "(acme_flyscale.models:NoBuild) does not fit the models contract: it has no method build(options, info)",
+        ]),
         # A broken plugin: named, with its package, its error, and what else there is.
         ("model", "acme_broken", "{}", [
             "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
-            "acme-cuda-kernels", "Other models: acme_tiny_mlp, cnn, mlp",
+            "acme-cuda-kernels", "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
         ]),
-        ("model", "resnet9000", "{}", ["model.name: unknown model 'resnet9000'; available: acme_broken, acme_tiny_mlp, cnn, mlp"]),
-        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_min_f1, beats_champion, min_metric"]),
+        ("model", "resnet9000", "{}", [
+            "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
+        ]),
+        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric"]),
         # The plugin's own options dataclass validates its section, field by field.
         ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
         ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; expected one of width"]),
@@ -110,14 +138,15 @@ def test_config_validation_with_third_party_plugins(site, kind, name, options, e
 
 @pytest.mark.timeout(300)
 def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
-    """THE end-to-end: a YAML preset picks Acme's model and gate; pyflyte runs every stage."""
+    """THE end-to-end: a YAML preset picks Acme's tabular dataset, model and gate, none of which
+    imports flyscale or returns flyscale's types; pyflyte runs every stage."""
     preset = tmp_path / "acme.yaml"
     preset.write_text(yaml.safe_dump({
-        "augment": {"copies": 0},
-        "model": {"name": "acme_tiny_mlp", "options": {"width": 64}},
+        "data": {"dataset": "acme_wine"},  # no augment section: the dataset declares no augmentations
+        "model": {"name": "acme_tiny_mlp", "options": {"width": 32}},
         "gate": {"name": "acme_min_f1", "options": {"threshold": 0.9}},
-        "train": {"epochs": 5, "batch_size": 64},
-        "mlflow": {"experiment": "acme", "model_name": "acme-digits"},
+        "train": {"epochs": 20, "batch_size": 16},
+        "mlflow": {"experiment": "acme", "model_name": "acme-wine"},
     }))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": _env(site)["PYTHONPATH"]}
@@ -126,6 +155,7 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
     proc = run_pipeline(home, "--cfg", str(preset), env=env, timeout=280)
     assert proc.returncode == 0, f"pyflyte run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert "flyscale run summary" in proc.stdout, proc.stdout[-3000:]
+    assert "178 rows: 178 valid, 0 quarantined" in proc.stdout  # checked against what its info declares
     verdict = re.search(r"^\s*gate\s+acme_min_f1: (PASSED|FAILED) \(test macro-F1 ([\d.]+)", proc.stdout, re.M)
     assert verdict, f"no acme_min_f1 verdict in the summary:\n{proc.stdout[-3000:]}"
 
@@ -135,12 +165,55 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
     runs = client.search_runs([experiment.experiment_id], "tags.`flyscale.model` = 'acme_tiny_mlp'")
     assert len(runs) == 1
     run = runs[0].data
-    assert run.params["model.options.width"] == "64" and run.params["gate.name"] == "acme_min_f1"
+    assert run.tags["flyscale.dataset"] == "acme-wine"  # the plugin's own info object, converted
+    assert run.params["model.options.width"] == "32" and run.params["gate.name"] == "acme_min_f1"
+    assert run.params["augment.names"] == "[]"
     # The gate's verdict agrees with the metric it was judged on, in MLflow and in the summary.
     passed = run.metrics["test_macro_f1"] >= 0.9
     assert run.tags["gate.acme_min_f1"].startswith("passed" if passed else "failed")
     assert verdict.group(1) == ("PASSED" if passed else "FAILED")
     assert float(verdict.group(2)) == pytest.approx(run.metrics["test_macro_f1"], abs=1e-4)
-    # Acme's model was really built: Linear(64 features, 64) + Linear(64, 10), float32, 4 bytes each.
-    weights = (64 * 64 + 64 + 64 * 10 + 10) * 4
+    # Acme's model was really built for Acme's data: Linear(13 features, 32) + Linear(32, 3), 4 bytes each.
+    weights = (13 * 32 + 32 + 32 * 3 + 3) * 4
     assert weights < run.metrics["test_size_bytes"] < weights + 4096
+    # And it learned something: chance on 3 balanced-ish classes is about 0.4.
+    assert run.metrics["test_accuracy"] > 0.8
+
+
+@pytest.mark.timeout(200)
+def test_plugin_of_the_wrong_shape_is_refused_before_any_task_starts(site, tmp_path):
+    preset = tmp_path / "wrong.yaml"
+    preset.write_text(yaml.safe_dump({"model": {"name": "acme_no_build"}}))
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": _env(site)["PYTHONPATH"]}
+    proc = run_pipeline(home, "--cfg", str(preset), env=env, timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "model plugin 'acme_no_build'" in out and "has no method build(options, info)" in out, out[-3000:]
+    # Nothing ran: no task started (flytekit logs each one it runs) and no MLflow store was made.
+    assert "load_data" not in out and "train_model" not in out, out[-3000:]
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+TYPED_USE = """
+from flyscale import registry
+from flyscale.api import DatasetInfo, GateVerdict
+from flyscale.artifacts import build_model
+from flyscale.config import GateConfig, ModelConfig
+from flyscale.gating import judge
+
+verdict = judge(GateConfig(name="acme_max_loss", options={"max_loss": 0.3}), {"loss": 0.25, "accuracy": 0.9}, None)
+assert type(verdict) is GateVerdict and verdict.passed, verdict
+print(verdict.reason)
+model = build_model(ModelConfig(name="acme_linear"), DatasetInfo("d", 3, [2, 2], ["a", "b", "c", "d"]))
+print(model)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_plugins_written_against_flyscale_api_work_too(site):
+    proc = _python(site, "-c", TYPED_USE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test loss 0.2500 <= 0.3" in proc.stdout
+    assert "Linear(in_features=4, out_features=3" in proc.stdout

@@ -13,12 +13,16 @@ from torch.utils.data import Dataset
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import (
-    effective_lr, enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step,
+    effective_lr,
+    enable_activation_checkpointing,
+    make_optimizer,
+    make_scheduler,
+    standard_step,
 )
 from flyscale.training import TrainData, fit, make_loader
-from plugins.datasets import digits
-from plugins.models import CNN, MLP, CNNOptions, MLPOptions
-from plugins.strategies.ddp import DDPOptions, ddp
+from flyscale_plugins.datasets import digits
+from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 CPU = torch.device("cpu")
 

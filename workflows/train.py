@@ -20,7 +20,7 @@ from tasks.train import train_model
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     """load -> validate -> split -> augment -> preflight -> train -> evaluate -> gate -> quantize -> register."""
     raw, info = load_data(cfg=cfg.data)
-    clean, quarantined, report = validate_data(raw=raw, cfg=cfg.data)
+    clean, quarantined, report = validate_data(raw=raw, info=info, cfg=cfg.data)
     train, val, test = split_data(clean=clean, cfg=cfg.data)
     augmented = augment_data(train=train, info=info, cfg=cfg.augment)
     checked = preflight_check(

@@ -1,1 +1,1 @@
-"""Training strategies: functions `(model, data, cfg, ctx) -> TrainResult`, chosen by name."""
+"""Training strategies: functions `(model, data, cfg, ctx, options) -> TrainResult`, chosen by name."""

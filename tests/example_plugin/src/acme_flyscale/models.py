@@ -35,4 +35,8 @@ class TinyMLP:
         )
 
 
-tiny_mlp = TinyMLP()
+class NoBuild:
+    """Deliberately the wrong shape: `biuld` instead of `build`. flyscale refuses it at lookup."""
+
+    def biuld(self, options, info):
+        raise AssertionError("never called")

@@ -1,0 +1,1 @@
+"""Acme's typed flyscale plugins: written against `flyscale.api`."""
