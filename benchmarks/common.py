@@ -21,7 +21,7 @@ def digits_x3() -> tuple[TrainData, object]:
     """Digits' training split with two augmented copies (3501 rows), and its validation split."""
     frame, info = data.load(DataConfig())
     train, val, _ = data.split(frame, DataConfig())
-    train = data.augment(train, info, AugmentConfig(copies=2))
+    train = data.augment(train, info, AugmentConfig(names=["shift", "noise"], copies=2))
     return data.train_data(train, val, info), info
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from typing import Any
@@ -42,6 +43,15 @@ def save_state(model: nn.Module, name: str) -> str:
     path = os.path.join(tempfile.mkdtemp(prefix="flyscale-"), name)
     torch.save(model.state_dict(), path)
     return path
+
+
+def file_sha256(path: str) -> str:
+    """sha256 of a file's bytes: the identity of a weights file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_state(model: nn.Module, path: str) -> nn.Module:

@@ -1,7 +1,10 @@
-"""Cache versions derived from code, so nobody bumps a version string by hand.
+"""Cache versions derived from the facts a task's result depends on, so nobody bumps a version
+string by hand and no change outside a task's inputs replays a stale result.
 
-A task's cache version is a hash of the source of the task's module, every first-party module
-it imports (transitively), and the modules of every installed plugin of the kinds it uses.
+A task's cache version hashes the source of the task's module, every first-party module it
+imports (transitively) and the modules of every installed plugin of the kinds it uses; the
+container image; the installed versions of the libraries that compute; and facts the task
+names itself (the training launcher, the MLflow store).
 First-party means flyscale itself, the task's own top-level package and each plugin's package.
 Editing a comment in the training loop re-runs training; editing the README re-runs nothing.
 A first-party import that cannot be found fails loudly: leaving it out would let its changes
@@ -11,9 +14,14 @@ replay stale results.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
+import importlib.metadata
 import importlib.util
-from typing import Callable
+import json
+import os
+import platform
+from typing import Any, Callable, Mapping
 
 from flytekit import Cache
 from flytekit.core.cache import VersionParameters
@@ -36,6 +44,12 @@ def _module_file(name: str) -> str | None:
 
 def _imports(path: str, module: str) -> tuple[set[str], set[str]]:
     """(modules the file at `path` imports, names that may be modules: the `x` of `from pkg import x`)."""
+    return _parsed_imports(path, module, os.stat(path).st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_imports(path: str, module: str, mtime_ns: int) -> tuple[set[str], set[str]]:
+    # Every task's closure shares most files: parse each once per process (and again if edited).
     tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     required: set[str] = set()
@@ -91,23 +105,67 @@ def source_hash(modules: dict[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
+# The libraries whose version can change what a task computes. A new torch (or a CUDA build in
+# place of a CPU one: the version says "+cpu" or "+cu126") is a different computation.
+LIBRARIES = ("torch", "numpy", "pandas", "pyarrow", "scikit-learn", "scipy", "pandera", "flytekit")
+
+
+def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str]:
+    """{distribution: installed version} (read from metadata: nothing is imported)."""
+    out = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _image(params: VersionParameters) -> str:
+    image = params.container_image
+    if image is None or isinstance(image, str):
+        return image or ""
+    return image.image_name()  # an ImageSpec: its name carries its content hash
+
+
 class SourcePolicy:
-    """flytekit CachePolicy: the task's code and its plugins' code make the version."""
+    """flytekit CachePolicy: every fact outside a task's inputs that changes its result.
 
-    def __init__(self, plugin_kinds: tuple[str, ...] = (), extra: Callable[[], str] | None = None):
+    The version hashes the task's code and its plugins' code, the container image, the
+    versions of the libraries that compute, and the task's own `facts` (named callables, e.g.
+    the launcher of a training task or the MLflow store a registering task writes to).
+    """
+
+    def __init__(
+        self, plugin_kinds: tuple[str, ...] = (), facts: Mapping[str, Callable[[], str]] | None = None,
+        libraries: tuple[str, ...] = LIBRARIES,
+    ):
         self.plugin_kinds = plugin_kinds
-        self.extra = extra  # anything outside the inputs that changes the result (e.g. the MLflow store)
+        self.facts = dict(facts or {})
+        self.libraries = libraries
 
-    def get_version(self, salt: str, params: VersionParameters) -> str:
+    def describe(self, params: VersionParameters) -> dict[str, Any]:
+        """The facts the version is made of, by name (what a person reads to see why a task re-ran)."""
         task_module = params.func.__module__
         plugin_roots = [m for kind in self.plugin_kinds for m in registry.ALL[kind].source_modules()]
         # The task's own package and each plugin's package are first-party here: their imports count too.
         packages = {CORE, task_module.split(".")[0]} | {m.split(".")[0] for m in plugin_roots}
         modules = module_closure([task_module], tuple(sorted(packages)), optional_roots=plugin_roots)
-        extra = self.extra() if self.extra else ""
-        return f"{salt}{source_hash(modules)}{extra}"
+        return {
+            "code": source_hash(modules),
+            "image": _image(params),
+            "libraries": library_versions(self.libraries),
+            **{name: fact() for name, fact in sorted(self.facts.items())},
+        }
+
+    def get_version(self, salt: str, params: VersionParameters) -> str:
+        facts = json.dumps(self.describe(params), sort_keys=True)
+        return salt + hashlib.sha256(facts.encode()).hexdigest()
 
 
-def code_cache(*plugin_kinds: str, extra: Callable[[], str] | None = None) -> Cache:
-    """`Cache` for a flyscale task that uses plugins of `plugin_kinds`."""
-    return Cache(policies=SourcePolicy(tuple(plugin_kinds), extra))
+def code_cache(
+    *plugin_kinds: str, facts: Mapping[str, Callable[[], str]] | None = None, libraries: tuple[str, ...] = LIBRARIES,
+    ignored_inputs: tuple[str, ...] = (),
+) -> Cache:
+    """`Cache` for a flyscale task that uses plugins of `plugin_kinds` (see SourcePolicy)."""
+    return Cache(policies=SourcePolicy(tuple(plugin_kinds), facts, libraries), ignored_inputs=ignored_inputs)

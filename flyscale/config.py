@@ -3,16 +3,22 @@
 These are the workflow's inputs. `pyflyte run ... --cfg configs/x.yaml` loads a YAML preset
 into `PipelineConfig`; every field has a working default, so a preset only names what it
 changes. Each `__post_init__` fails with a ValueError that names the field, so bad config
-stops the run before any data is loaded or any worker is started.
+stops the run before any data is loaded or any worker is started. An unknown key is an error
+on every way in (keyword arguments, `from_dict`, and the mapping pyflyte decodes for `--cfg`),
+with the nearest name suggested.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import Any, Callable
 
+from mashumaro.codecs.basic import BasicDecoder
+
 from flyscale.registry import Resolved, resolve
+from flyscale.strict import ConfigError, check_keys, innermost_value_error
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -31,10 +37,52 @@ def _section(obj: Any) -> str:
     return getattr(obj, "_section", type(obj).__name__)
 
 
-class _Section:
+class _StrictConstruction(type):
+    """Keyword arguments a section does not have are refused with the nearest field's name,
+    instead of the dataclass __init__'s bare TypeError."""
+
+    def __call__(cls, *args, **kwargs):
+        if dataclasses.is_dataclass(cls):
+            check_keys(cls._section, kwargs, [f.name for f in fields(cls)], cls._what)
+        return super().__call__(*args, **kwargs)
+
+
+class _Section(metaclass=_StrictConstruction):
     """A config section. Sections that name a plugin resolve it once, when they are built
     (validation and every later use share the result); the resolution never travels in a pickle,
     so a worker process resolves through its own registry."""
+
+    _section = ""
+    _what = "field"
+
+    @classmethod
+    def check_mapping(cls, data: Any) -> None:
+        """Refuse unknown keys in a mapping meant for this section (and for its sections)."""
+        if not isinstance(data, dict):
+            return  # a type mismatch is the decoder's to report
+        known = {f.name: f for f in fields(cls)}
+        check_keys(cls._section, data, known, cls._what)
+        for key, value in data.items():
+            sub = _SECTIONS.get(known[key].type)
+            if sub is not None:
+                sub.check_mapping(value)
+
+    @classmethod
+    def __pre_deserialize__(cls, data: Any) -> Any:
+        # mashumaro (flytekit's decoder of dataclass literals) calls this with the raw mapping
+        # before it would silently drop the keys it does not know.
+        cls.check_mapping(data)
+        return data
+
+    @classmethod
+    def from_json(cls, text: str):
+        """The section from JSON, strictly. `pyflyte run --cfg` (YAML or JSON) builds the workflow
+        input through this method when the class has one, and otherwise through dataclasses_json,
+        which drops unknown keys without a word."""
+        try:
+            return BasicDecoder(cls).decode(json.loads(text))
+        except ValueError as exc:
+            raise ConfigError(str(innermost_value_error(exc))) from None
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k != "_resolved"}
@@ -246,16 +294,28 @@ class MlflowConfig(_Section):
     experiment: str = "flyscale"
     model_name: str = "flyscale-digits"
     alias: str = "champion"
+    # Every MLflow request is retried this many times with exponential backoff (factor in
+    # seconds) before the run fails with a retryable error; MLflow's own default is ~4 minutes.
+    retries: int = 3
+    retry_backoff_s: int = 1
+    request_timeout_s: int = 30
+    lock_timeout_s: float = 120.0  # how long to wait for another run that is moving the alias
+    lock_stale_s: float = 600.0  # a promotion lock older than this was left by a dead run
 
     def __post_init__(self):
         for name in ("experiment", "model_name", "alias"):
             if not getattr(self, name).strip():
                 raise ValueError(f"mlflow.{name} must not be empty")
+        if self.retries < 0:
+            raise ValueError(f"mlflow.retries must be >= 0, got {self.retries}")
+        _positive(self, "retry_backoff_s", "request_timeout_s", "lock_timeout_s", "lock_stale_s")
 
 
 @dataclass
 class PipelineConfig(_Section):
     """Everything one run of `training_pipeline` needs."""
+
+    _what = "config section"
 
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
@@ -305,17 +365,16 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Field type (a string under `from __future__ import annotations`) -> section class.
+_SECTIONS = {
+    c.__name__: c
+    for c in (DataConfig, AugmentConfig, ModelConfig, TrainConfig, PreflightConfig, GateConfig, QuantizeConfig, MlflowConfig)
+}
+
+
 def from_dict(data: dict[str, Any]) -> PipelineConfig:
     """Build a validated PipelineConfig from a (YAML) mapping; unknown keys are errors."""
-    sections = {f.name: f.type for f in fields(PipelineConfig)}
-    kwargs = {}
-    for key, value in (data or {}).items():
-        if key not in sections:
-            raise ValueError(f"unknown config section {key!r}; expected one of {', '.join(sections)}")
-        cls = globals()[sections[key]] if isinstance(sections[key], str) else sections[key]
-        known = {f.name for f in fields(cls)}
-        for sub in value or {}:
-            if sub not in known:
-                raise ValueError(f"{key}.{sub}: unknown field; expected one of {', '.join(sorted(known))}")
-        kwargs[key] = cls(**(value or {}))
-    return PipelineConfig(**kwargs)
+    data = data or {}
+    PipelineConfig.check_mapping(data)
+    types = {f.name: f.type for f in fields(PipelineConfig)}
+    return PipelineConfig(**{key: _SECTIONS[types[key]](**(value or {})) for key, value in data.items()})

@@ -54,7 +54,10 @@ class DatasetPlugin(Protocol):
     rows to quarantine (without one, flyscale checks what `info` declares: finite features
     inside `feature_ranges`, labels in [0, num_classes), no other columns); `options_type` (a
     dataclass of the plugin's options, or None); `default_augmentations` (augmentation names
-    that fit this data, used when the config leaves `augment.names` unset; none if absent).
+    that fit this data, used when the config leaves `augment.names` unset; none if absent);
+    `fingerprint(options) -> str`, a cheap identity of the data as it is now that changes
+    whenever its bytes do (file sizes and mtimes, object ETags): every run takes it, and loading
+    re-runs only when it changes. Without one, every run loads the data to hash its content.
     """
 
     def load(self, options: Any) -> pd.DataFrame: ...
@@ -102,7 +105,7 @@ class GatePlugin(Protocol):
 
 
 # Methods a kind may leave out, and the arguments flyscale passes when it is there.
-OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {"datasets": {"row_schema": ["options"]}}
+OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {"datasets": {"row_schema": ["options"], "fingerprint": ["options"]}}
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.
 OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {

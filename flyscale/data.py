@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -16,6 +17,41 @@ from flyscale.schemas import default_row_schema
 from flyscale.training import TrainData
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class DataFingerprint:
+    """The identity of the data a run reads, taken when the run starts; loading is keyed on it."""
+
+    dataset: str
+    value: str  # sha256, hex
+    method: str  # how it was taken, for the summary and MLflow
+
+
+def frame_hash(frame: pd.DataFrame) -> str:
+    """sha256 of a frame's content: values, index, column names and dtypes."""
+    digest = hashlib.sha256(pd.util.hash_pandas_object(frame, index=True).to_numpy().tobytes())
+    digest.update(repr([(str(c), str(t)) for c, t in frame.dtypes.items()]).encode())
+    return digest.hexdigest()
+
+
+def fingerprint(cfg: DataConfig) -> DataFingerprint:
+    """The dataset's own fingerprint when it has one, else the hash of everything it loads."""
+    r = cfg.plugin
+    if hasattr(r.plugin, "fingerprint"):
+        identity = r.plugin.fingerprint(r.options)
+        if not isinstance(identity, str) or not identity:
+            raise TypeError(f"dataset {cfg.dataset!r}: fingerprint() returned {identity!r}; expected a non-empty str")
+        value, method = hashlib.sha256(identity.encode()).hexdigest(), f"dataset {cfg.dataset!r}: its fingerprint()"
+    else:
+        frame, _ = load(cfg)
+        value, method = frame_hash(frame), f"dataset {cfg.dataset!r}: content of {len(frame)} rows (no fingerprint())"
+    return DataFingerprint(dataset=cfg.dataset, value=value, method=method)
+
+
+def content_fingerprint(frame: pd.DataFrame, cfg: DataConfig) -> DataFingerprint:
+    """The fingerprint of what was loaded: the same bytes give the same one, however they got there."""
+    return DataFingerprint(cfg.dataset, frame_hash(frame), f"dataset {cfg.dataset!r}: content of {len(frame)} loaded rows")
 
 
 @dataclass

@@ -6,7 +6,6 @@ import io
 from dataclasses import dataclass
 
 import torch
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 from torch import nn
 
 
@@ -20,6 +19,7 @@ class EvalMetrics:
     n: int
     confusion: list[list[int]]  # rows: true class, columns: predicted class
     size_bytes: int  # serialized state_dict
+    weights_sha256: str = ""  # the evaluated weights file: what a champion is recognised by
 
     def scalars(self, prefix: str = "") -> dict[str, float]:
         return {
@@ -40,6 +40,9 @@ def state_dict_bytes(model: nn.Module) -> int:
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalMetrics:
     """Accuracy, macro-F1, mean loss and confusion matrix of `model` on (x, y)."""
+    # Imported here: scikit-learn costs a second at import, and every task module imports this one.
+    from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
+
     model.eval()
     logits = torch.cat([model(x[i : i + 1024]) for i in range(0, len(x), 1024)])
     loss = float(nn.functional.cross_entropy(logits, y))

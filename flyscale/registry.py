@@ -21,6 +21,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Iterator, Mapping
 
 from flyscale.contracts import OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, PROTOCOLS
+from flyscale.strict import check_keys
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +223,7 @@ def _parse_options(plugin: Any, options: Mapping[str, Any] | None, where: str) -
         if options:
             raise ValueError(f"{where}: this plugin takes no options, got {sorted(options)}")
         return None
-    known = {f.name for f in dataclasses.fields(opt_type)}
-    for key in options:
-        if key not in known:
-            raise ValueError(f"{where}.{key}: unknown option; expected one of {', '.join(sorted(known)) or '(none)'}")
+    check_keys(where, options, [f.name for f in dataclasses.fields(opt_type)], "option")
     try:
         return opt_type(**options)
     except (TypeError, ValueError) as exc:

@@ -25,7 +25,8 @@ def _curves_png(history: TrainHistory) -> bytes:
     loss_ax.plot(epochs, [m.train_loss for m in history.epochs], marker=".", label="train")
     loss_ax.plot(epochs, [m.val_loss for m in history.epochs], marker=".", label="validation")
     loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
-    acc_ax.plot(epochs, [m.train_accuracy for m in history.epochs], marker=".", label="train")
+    if all(m.train_accuracy is not None for m in history.epochs):  # measured only when asked for
+        acc_ax.plot(epochs, [m.train_accuracy for m in history.epochs], marker=".", label="train")
     acc_ax.plot(epochs, [m.val_accuracy for m in history.epochs], marker=".", label="validation")
     acc_ax.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
     for ax in (loss_ax, acc_ax):
@@ -46,7 +47,8 @@ def _epoch_table(history: TrainHistory) -> str:
     )
     rows = [
         f"<tr><td>{m.epoch + 1}</td><td>{m.train_loss:.4f}</td><td>{m.val_loss:.4f}</td>"
-        f"<td>{m.train_accuracy:.4f}</td><td>{m.val_accuracy:.4f}</td><td>{m.samples_per_s:.0f}</td>"
+        f"<td>{'-' if m.train_accuracy is None else f'{m.train_accuracy:.4f}'}</td><td>{m.val_accuracy:.4f}</td>"
+        f"<td>{m.samples_per_s:.0f}</td>"
         f"<td>{m.data_wait_fraction:.0%}</td><td>{m.seconds:.2f}</td></tr>"
         for m in history.epochs
     ]

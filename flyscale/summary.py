@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flyscale.contracts import GateVerdict
-from flyscale.data import ValidationReport
+from flyscale.data import DataFingerprint, ValidationReport
 from flyscale.evaluation import EvalMetrics
 from flyscale.preflight import PreflightReport
+from flyscale.provenance import CacheReport
 from flyscale.tracking import Registration
 
 
@@ -27,6 +28,8 @@ class RunSummary:
     verdicts: list[GateVerdict]
     registration: Registration
     preflight: PreflightReport
+    fingerprint: DataFingerprint
+    cache: CacheReport | None = None  # filled in by the last task of each execution
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -34,6 +37,7 @@ class RunSummary:
             "",
             "flyscale run summary",
             f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined",
+            f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
             f"  fp32        test accuracy {self.fp32.accuracy:.4f}  macro-F1 {self.fp32.macro_f1:.4f}  "
             f"size {self.fp32.size_bytes / 1024:.1f} KiB",
             f"  int8        test accuracy {self.int8.accuracy:.4f}  macro-F1 {self.int8.macro_f1:.4f}  "
@@ -48,10 +52,19 @@ class RunSummary:
             )
         for g in self.verdicts:
             lines.append(f"  gate        {g.name}: {'PASSED' if g.passed else 'FAILED'} ({g.reason})")
-        champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved (gate failed)"
+        judged = f"v{r.judged_against}" if r.judged_against else "no champion"
+        champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved"
         lines += [
+            f"  judged      against {judged} ('{r.alias}' when the gate ran)",
             f"  mlflow      run {r.run_id} (experiment {r.experiment_id}) at {r.tracking_uri}",
             f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}; {champion}",
-            f"  mlflow ui   {_ui_command(r.tracking_uri)}",
+            f"  promotion   {r.promotion}",
         ]
+        if self.cache is not None:
+            c = self.cache
+            lines.append(f"  cache       ran {', '.join(c.ran) or 'nothing'}; from the cache: {', '.join(c.cached) or 'nothing'}")
+            lines.append(f"              always run: {', '.join(c.always)} (they read the data and the champion as they are now)")
+            if "register_model" in c.cached:
+                lines.append("              registration is the cached one of an earlier execution: nothing was registered again")
+        lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri)}")
         return "\n".join(lines)

@@ -1,23 +1,29 @@
 """MLflow: one run per pipeline execution, registered model versions, the champion alias.
 
-Only the register task calls this module, and it runs in one process, so "only rank 0 talks
-to MLflow" holds by construction.
+Only the gate and register tasks call this module, each in one process, so "only rank 0 talks
+to MLflow" holds by construction. Registration leaves the registry as it was or complete: the
+run and both models are logged first, the versions are registered next, and the alias moves
+last, by compare-and-set (flyscale/champion.py). If MLflow fails on the way, what this run
+registered is deleted again and the run fails with a retryable error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 import torch
 from torch import nn
 
+from flyscale import champion
+from flyscale.champion import ChampionRef, Promotion
+from flyscale.config import MlflowConfig
 from flyscale.contracts import GateVerdict
 from flyscale.evaluation import EvalMetrics, plot_confusion
 from flyscale.preflight import PreflightReport
@@ -46,6 +52,8 @@ class Registration:
     int8_model_version: str
     champion: bool  # whether the alias was moved to these versions
     alias: str
+    promotion: str = ""  # why it moved, or why not
+    judged_against: str = ""  # the champion the verdict was judged against ("" = none)
 
 
 @dataclass
@@ -61,25 +69,36 @@ class RunRecord:
     quarantined: pd.DataFrame  # rejected rows and why: kept with the run, never dropped silently
     validation: dict[str, int]
     tags: dict[str, str]
+    judged_against: ChampionRef = field(default_factory=lambda: ChampionRef("", ""))
+    weights_sha256: str = ""
 
 
-def champion_metrics(model_name: str, alias: str) -> dict[str, float] | None:
-    """The test metrics of the version `alias` points at (keys without `test_`), or None.
+@contextlib.contextmanager
+def client_settings(cfg: MlflowConfig) -> Iterator[None]:
+    """MLflow's HTTP retries bounded as configured (its defaults retry for about four minutes).
 
-    Read from the run that registered the champion, so a gate compares like with like.
+    MLflow reads these variables on every request; values the user exported win.
     """
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri())
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(cfg.retry_backoff_s),
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(cfg.request_timeout_s),
+    }
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(added)
     try:
-        version = client.get_model_version_by_alias(model_name, alias)
-    except MlflowException:  # no such model, or no such alias yet: there is no champion
-        return None
-    metrics = client.get_run(version.run_id).data.metrics
-    found = {k.removeprefix("test_"): v for k, v in metrics.items() if k.startswith("test_")}
-    found["version"] = float(version.version)
-    return found
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def read_baseline(cfg: MlflowConfig, candidate_sha256: str) -> ChampionRef:
+    """The champion a candidate is judged against, read live from the store (fails closed)."""
+    from mlflow import MlflowClient
+
+    with client_settings(cfg), champion.mlflow_errors(f"reading the {cfg.alias!r} of {cfg.model_name!r}"):
+        return champion.baseline(MlflowClient(tracking_uri()), cfg.model_name, cfg.alias, candidate_sha256)
 
 
 def _pip_requirements() -> list[str]:
@@ -87,97 +106,109 @@ def _pip_requirements() -> list[str]:
     return [f"torch=={torch.__version__.split('+')[0]}"]
 
 
+def _log_run(record: RunRecord, passed: bool) -> None:
+    """Params, per-epoch and test metrics, tags and artifacts of the active run."""
+    import mlflow
+
+    mlflow.set_tags({**record.tags, "flyscale.gates": "passed" if passed else "failed",
+                     "flyscale.judged_against": record.judged_against.label()})
+    mlflow.log_params({k: str(v)[:500] for k, v in record.params.items()})
+    for m in record.history.epochs:
+        # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
+        mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
+    mlflow.log_metrics({
+        **record.fp32.scalars("test_"),
+        **record.int8.scalars("int8_test_"),
+        "int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy,
+        **{f"validation_{k}": float(v) for k, v in record.validation.items()},
+    })
+    if record.preflight.steps:
+        mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
+        mlflow.set_tag(
+            "flyscale.preflight", f"passed: {record.preflight.steps} steps at world size 1 and {record.preflight.world_size}"
+        )
+    if record.history.diagnosis:
+        mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
+    for v in record.verdicts:
+        mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
+    with tempfile.TemporaryDirectory() as tmp:
+        if len(record.quarantined):
+            record.quarantined.to_csv(f"{tmp}/quarantine.csv", index=False)
+            mlflow.log_artifact(f"{tmp}/quarantine.csv", artifact_path="data")
+        for label, metrics in (("fp32", record.fp32), ("int8", record.int8)):
+            png = plot_confusion(metrics.confusion, f"{label} test confusion", f"{tmp}/confusion_{label}.png")
+            mlflow.log_artifact(png, artifact_path="plots")
+
+
 def publish(
-    record: RunRecord,
-    fp32_model: nn.Module,
-    int8_model: nn.Module,
-    example: torch.Tensor,
-    experiment: str,
-    model_name: str,
-    alias: str,
+    record: RunRecord, fp32_model: nn.Module, int8_model: nn.Module, example: torch.Tensor, cfg: MlflowConfig,
     run_name: str,
 ) -> Registration:
-    """Log the run, register both models, and move `alias` only if every gate passed."""
+    """Log the run, register both models, and move the alias (compare-and-set) if every gate passed."""
+    with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
+        return _publish(record, fp32_model, int8_model, example, cfg, run_name)
+
+
+def _publish(record, fp32_model, int8_model, example, cfg: MlflowConfig, run_name: str) -> Registration:
     import mlflow
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(experiment)
-    passed = all(v.passed for v in record.verdicts)
-    with mlflow.start_run(run_name=run_name) as run:
-        mlflow.set_tags({**record.tags, "flyscale.gates": "passed" if passed else "failed"})
-        mlflow.log_params({k: str(v)[:500] for k, v in record.params.items()})
-        for m in record.history.epochs:
-            per_epoch = {
-                "train_loss": m.train_loss,
-                "train_accuracy": m.train_accuracy,
-                "val_loss": m.val_loss,
-                "val_accuracy": m.val_accuracy,
-                "epoch_seconds": m.seconds,
-                "samples_per_s": m.samples_per_s,
-                "lr": m.lr,
-                "data_wait_fraction": m.data_wait_fraction,
-                "compute_fraction": m.compute_fraction,
-                "comm_fraction": m.comm_fraction,
-                "grad_comm_fraction": m.grad_comm_fraction,
-                "peak_memory_mb": m.peak_memory_mb,
-            }
-            # Untracked values are NaN (train accuracy unless train.track_train_accuracy): leave them out.
-            mlflow.log_metrics({k: v for k, v in per_epoch.items() if math.isfinite(v)}, step=m.epoch)
-        drop = record.fp32.accuracy - record.int8.accuracy
-        mlflow.log_metrics(
-            {
-                **record.fp32.scalars("test_"),
-                **record.int8.scalars("int8_test_"),
-                "int8_accuracy_drop": drop,
-                **{f"validation_{k}": float(v) for k, v in record.validation.items()},
-            }
-        )
-        if record.preflight.steps:
-            mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
-            mlflow.set_tag(
-                "flyscale.preflight",
-                f"passed: {record.preflight.steps} steps at world size 1 and {record.preflight.world_size}",
-            )
-        if record.history.diagnosis:
-            mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
-        for v in record.verdicts:
-            mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
-        with tempfile.TemporaryDirectory() as tmp:
-            if len(record.quarantined):
-                record.quarantined.to_csv(f"{tmp}/quarantine.csv", index=False)
-                mlflow.log_artifact(f"{tmp}/quarantine.csv", artifact_path="data")
-            for label, metrics in (("fp32", record.fp32), ("int8", record.int8)):
-                png = plot_confusion(metrics.confusion, f"{label} test confusion", f"{tmp}/confusion_{label}.png")
-                mlflow.log_artifact(png, artifact_path="plots")
-        fp32_info = mlflow.pytorch.log_model(
-            fp32_model.eval(), name="model", input_example=example.numpy(), serialization_format="pt2",
-            pip_requirements=_pip_requirements(), registered_model_name=model_name,
-        )
-        # torch.export cannot trace dynamically quantized Linear layers yet, hence pickle for int8.
-        int8_info = mlflow.pytorch.log_model(
-            int8_model.eval(), name="model_int8", serialization_format="pickle",
-            pip_requirements=_pip_requirements(), registered_model_name=f"{model_name}-int8",
-        )
+    mlflow.set_experiment(cfg.experiment)
     client = MlflowClient(uri)
-    versions = (fp32_info.registered_model_version, int8_info.registered_model_version)
-    for name, version in zip((model_name, f"{model_name}-int8"), versions):
-        client.set_model_version_tag(name, str(version), "flyscale.gates", "passed" if passed else "failed")
-        client.set_model_version_tag(name, str(version), "flyscale.run_id", run.info.run_id)
-        if passed:
-            client.set_registered_model_alias(name, alias, str(version))
-    if not passed:
-        reasons = "; ".join(v.reason for v in record.verdicts if not v.passed)
-        log.warning("gate failed, %r alias not moved: %s", alias, reasons)
+    passed = all(v.passed for v in record.verdicts)
+    names = (cfg.model_name, f"{cfg.model_name}-int8")
+    registered: list[tuple[str, str]] = []
+    with mlflow.start_run(run_name=run_name) as run:  # an exception ends the run as FAILED
+        try:
+            _log_run(record, passed)
+            # Log both models before registering either: a failure here leaves no version behind.
+            infos = [
+                mlflow.pytorch.log_model(
+                    fp32_model.eval(), name="model", input_example=example.numpy(), serialization_format="pt2",
+                    pip_requirements=_pip_requirements(),
+                ),
+                # torch.export cannot trace dynamically quantized Linear layers yet, hence pickle for int8.
+                mlflow.pytorch.log_model(
+                    int8_model.eval(), name="model_int8", serialization_format="pickle",
+                    pip_requirements=_pip_requirements(),
+                ),
+            ]
+            tags = {
+                "flyscale.gates": "passed" if passed else "failed", "flyscale.run_id": run.info.run_id,
+                champion.WEIGHTS_TAG: record.weights_sha256, champion.JUDGED_TAG: record.judged_against.version,
+            }
+            for name, info in zip(names, infos):
+                version = mlflow.register_model(info.model_uri, name, tags=tags)
+                registered.append((name, str(version.version)))
+            if passed:
+                promotion = champion.promote(
+                    client, registered, cfg.alias, record.judged_against, record.weights_sha256,
+                    cfg.lock_timeout_s, cfg.lock_stale_s,
+                )
+            else:
+                failed = "; ".join(v.reason for v in record.verdicts if not v.passed)
+                promotion = Promotion(False, f"not promoted: a gate failed ({failed})")
+        except BaseException:
+            # Before the alias moved (promote puts it back if it fails half-way): the registry
+            # stays as it was, with no half-registered run.
+            for name, version in registered:
+                with contextlib.suppress(MlflowException):
+                    client.delete_model_version(name, version)
+            raise
+        try:  # the registry is complete and consistent now; the reason is a note on it
+            mlflow.set_tag("flyscale.promotion", promotion.reason)
+            for name, version in registered:
+                client.set_model_version_tag(name, version, "flyscale.promotion", promotion.reason)
+        except MlflowException as exc:
+            log.warning("could not record the promotion reason on the run: %s", exc)
+    if not promotion.moved:
+        log.warning("%r alias not moved: %s", cfg.alias, promotion.reason)
     return Registration(
-        tracking_uri=uri,
-        experiment_id=run.info.experiment_id,
-        run_id=run.info.run_id,
-        model_name=model_name,
-        model_version=str(versions[0]),
-        int8_model_name=f"{model_name}-int8",
-        int8_model_version=str(versions[1]),
-        champion=passed,
-        alias=alias,
+        tracking_uri=uri, experiment_id=run.info.experiment_id, run_id=run.info.run_id,
+        model_name=names[0], model_version=registered[0][1], int8_model_name=names[1],
+        int8_model_version=registered[1][1], champion=promotion.moved, alias=cfg.alias,
+        promotion=promotion.reason, judged_against=record.judged_against.version,
     )

@@ -31,7 +31,7 @@ class EpochMetrics:
 
     epoch: int
     train_loss: float
-    train_accuracy: float
+    train_accuracy: float | None  # None unless train.track_train_accuracy: not measured, not zero
     val_loss: float
     val_accuracy: float
     seconds: float
@@ -44,6 +44,16 @@ class EpochMetrics:
     # is how busy the network was, not time added to the step.
     grad_comm_fraction: float = 0.0
     peak_memory_mb: float = 0.0  # max over ranks: CUDA allocator peak, else process max RSS
+
+    def per_epoch(self) -> dict[str, float | None]:
+        """The metrics MLflow charts per epoch, by their MLflow names (None: not measured)."""
+        return {
+            "train_loss": self.train_loss, "train_accuracy": self.train_accuracy, "val_loss": self.val_loss,
+            "val_accuracy": self.val_accuracy, "epoch_seconds": self.seconds, "samples_per_s": self.samples_per_s,
+            "lr": self.lr, "data_wait_fraction": self.data_wait_fraction, "compute_fraction": self.compute_fraction,
+            "comm_fraction": self.comm_fraction, "grad_comm_fraction": self.grad_comm_fraction,
+            "peak_memory_mb": self.peak_memory_mb,
+        }
 
 
 @dataclass
@@ -113,9 +123,21 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Dist
 
 
 def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: the allocator's peak. CPU: this process's peak resident memory.
+
+    On Linux that is VmHWM, which starts afresh in every new program; getrusage's ru_maxrss
+    would not do: a worker inherits its launcher's peak through fork and exec.
+    """
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
 
 
 def diagnose(m: EpochMetrics, cfg: TrainConfig) -> str:
@@ -132,13 +154,19 @@ def diagnose(m: EpochMetrics, cfg: TrainConfig) -> str:
     )
 
 
+class TrainingDiverged(ValueError):
+    """The training loss became NaN or infinite: the run stops instead of training on garbage."""
+
+
 def _train_epoch(
     step: StepFn, loader: DataLoader, ctx: DistContext, bar: TrainProgress | None
-) -> tuple[float, float, int, float, float]:
-    """One pass of `step` over `loader`: (loss sum, correct, rows, data wait s, seconds) on this rank."""
-    loss_t = torch.zeros((), device=ctx.device)
-    correct_t = torch.zeros((), device=ctx.device, dtype=torch.long)
-    count, wait, tracked = 0, 0.0, False
+) -> tuple[float, float | None, int, float, float, int]:
+    """One pass of `step` over `loader` on this rank:
+    (loss sum, correct or None, rows, data wait s, seconds, first non-finite step or -1)."""
+    # Per-step values stay on the device as a list: no kernel per step, one reduction per epoch.
+    losses: list[torch.Tensor] = []
+    hits: list[torch.Tensor] = []
+    count, wait = 0, 0.0
     if bar is not None:
         bar.start_epoch()
     start = tick = time.perf_counter()
@@ -146,17 +174,39 @@ def _train_epoch(
         wait += time.perf_counter() - tick
         xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
         batch_loss, batch_correct, rows = step(xb, yb)
-        loss_t += batch_loss
+        losses.append(batch_loss)
         if batch_correct is not None:
-            correct_t += batch_correct
-            tracked = True
+            hits.append(batch_correct)
         count += rows
         if bar is not None:
             bar.step(len(yb))
         tick = time.perf_counter()
-    # One device sync per epoch. NaN accuracy when no step tracked it: unknown is not zero.
-    loss_sum, correct = float(loss_t), float(correct_t) if tracked else math.nan
-    return loss_sum, correct, count, wait, time.perf_counter() - start
+    per_step = torch.stack(losses) if losses else torch.zeros(0, device=ctx.device)
+    loss_sum = float(per_step.sum())  # the one device sync of the epoch
+    first_bad = -1
+    if not math.isfinite(loss_sum):
+        first_bad = int(torch.nonzero(~torch.isfinite(per_step))[0])
+    # None when no step tracked accuracy: unknown is not zero, and is not logged as a number.
+    correct = float(torch.stack(hits).sum()) if hits else None
+    return loss_sum, correct, count, wait, time.perf_counter() - start, first_bad
+
+
+def _diverged(epoch: int, first_bad: int, steps: int, cfg: TrainConfig, ctx: DistContext) -> TrainingDiverged:
+    """The error every rank raises together when the summed loss is not finite."""
+    bad = [(rank, s) for rank, s in enumerate(ctx.all_gather_object(first_bad)) if s >= 0]  # type: ignore[operator]
+    rank, first = min(bad, key=lambda rs: rs[1]) if bad else (ctx.rank, -1)
+    where = f"step {first + 1} of {steps} on rank {rank}" if first >= 0 else "its last reduction"
+    hints = [f"lower train.lr (now {cfg.lr:g})"]
+    if cfg.grad_clip_norm == 0:
+        hints.append("set train.grad_clip_norm (e.g. 1.0)")
+    if cfg.precision != "fp32":
+        hints.append(f"train in fp32 (train.precision is {cfg.precision!r})")
+    if cfg.scale_lr:
+        hints.append("check train.scale_lr, which multiplies the lr by the global batch over train.base_batch_size")
+    return TrainingDiverged(
+        f"training diverged in epoch {epoch + 1}, at {where}: the loss is not finite. "
+        f"Likely knobs: {'; '.join(hints)}."
+    )
 
 
 def fit(
@@ -181,22 +231,27 @@ def fit(
         for epoch in range(cfg.epochs):
             set_epoch(loader, epoch)
             model.train()
-            loss_sum, correct, count, wait, seconds = _train_epoch(step, loader, ctx, bar)
+            loss_sum, correct, count, wait, seconds, first_bad = _train_epoch(step, loader, ctx, bar)
             v_loss, v_correct, v_count = evaluate()
             comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
             grad_comm, comm_before = comm_now - comm_before, comm_now
+            tracked = correct is not None
             m = _epoch_metrics(
-                epoch, [loss_sum, correct, count, v_loss, v_correct, v_count, wait, grad_comm, seconds], ctx
+                epoch, [loss_sum, correct or 0.0, count, v_loss, v_correct, v_count, wait, grad_comm, seconds], ctx,
+                tracked,
             )
+            if not math.isfinite(m.train_loss):  # summed over ranks: every rank sees it and stops together
+                raise _diverged(epoch, first_bad, len(loader), cfg, ctx)
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
             history.epochs.append(m)
             history.diagnosis = diagnose(m, cfg) or history.diagnosis
             if bar is not None:
                 bar.end_epoch(m.samples_per_s)
             if ctx.is_main:
+                acc = f"  acc {m.train_accuracy:.4f}" if m.train_accuracy is not None else ""
                 log.info(
-                    "epoch %d/%d  loss %.4f  acc %.4f  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",
-                    epoch + 1, cfg.epochs, m.train_loss, m.train_accuracy, m.val_loss, m.val_accuracy,
+                    "epoch %d/%d  loss %.4f%s  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",
+                    epoch + 1, cfg.epochs, m.train_loss, acc, m.val_loss, m.val_accuracy,
                     m.samples_per_s, 100 * m.data_wait_fraction,
                 )
     if history.diagnosis and ctx.is_main:
@@ -204,7 +259,7 @@ def fit(
     return history
 
 
-def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext) -> EpochMetrics:
+def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext, tracked: bool = True) -> EpochMetrics:
     """Sum this rank's epoch counters over all ranks into one EpochMetrics (lr left to the caller)."""
     seconds = local[-1]  # this rank's own wall time: the reductions below are not part of the epoch
     comm_start = time.perf_counter()
@@ -217,7 +272,7 @@ def _epoch_metrics(epoch: int, local: list[float], ctx: DistContext) -> EpochMet
     return EpochMetrics(
         epoch=epoch,
         train_loss=loss_sum / count,
-        train_accuracy=correct / count,
+        train_accuracy=correct / count if tracked else None,
         val_loss=v_loss / max(v_count, 1),
         val_accuracy=v_correct / max(v_count, 1),
         seconds=seconds,

@@ -84,7 +84,7 @@ def _s3_client():
     return boto3.client("s3")  # endpoint, region and credentials come from the environment
 
 
-def _s3_error(exc: Exception, path: str) -> Exception:
+def _s3_error(exc: Exception, path: str) -> Exception:  # exc: a botocore BotoCoreError or ClientError
     """Network hiccups are worth a retry (Flyte retries recoverable errors); the rest are config."""
     from botocore.exceptions import ClientError
     from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -98,38 +98,52 @@ def _s3_error(exc: Exception, path: str) -> Exception:
     return ValueError(f"data.options.path {path!r} cannot be read from S3: {exc}")
 
 
-def _sources(path: str) -> list[str]:
-    """Every Parquet file under `path`, sorted, as local paths or s3:// URIs."""
+def _listing(path: str) -> list[tuple[str, str]]:
+    """(source, version) for every Parquet file under `path`, sorted, as local paths or s3:// URIs.
+
+    The version is what changes when the bytes do, without reading them: an object's ETag and
+    size on S3, a file's size and modification time on disk.
+    """
     if path.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
         bucket, prefix = _split_s3(path)
         # "data/shards" must not also match "data/shards-old/": list a directory-like prefix.
         if prefix and not prefix.endswith((".parquet", "/")):
             prefix += "/"
         try:
             pages = _s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-            keys = sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-        except Exception as exc:
+            objects = sorted((o["Key"], f"{o['ETag']}:{o['Size']}") for page in pages for o in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as exc:
             raise _s3_error(exc, path) from exc
-        found = [f"s3://{bucket}/{k}" for k in keys if k.endswith(".parquet")]
+        found = [(f"s3://{bucket}/{key}", version) for key, version in objects if key.endswith(".parquet")]
     else:
         local = Path(path).expanduser()
         if local.is_file():
-            found = [str(local)]
+            files = [local]
         elif local.is_dir():
-            found = [str(p) for p in sorted(local.rglob("*.parquet"), key=lambda p: p.relative_to(local).as_posix())]
+            files = sorted(local.rglob("*.parquet"), key=lambda p: p.relative_to(local).as_posix())
         else:
             raise ValueError(f"data.options.path {path!r} does not exist")
+        found = [(str(f), f"{f.stat().st_size}:{f.stat().st_mtime_ns}") for f in files]
     if not found:
         raise ValueError(f"data.options.path {path!r} holds no .parquet files")
     return found
 
 
+def _sources(path: str) -> list[str]:
+    """Every Parquet file under `path`, sorted."""
+    return [source for source, _ in _listing(path)]
+
+
 def _open(source: str) -> pq.ParquetFile:
     if source.startswith("s3://"):
         bucket, key = _split_s3(source)
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
             body = _s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-        except Exception as exc:
+        except (BotoCoreError, ClientError) as exc:
             raise _s3_error(exc, source) from exc
         return pq.ParquetFile(io.BytesIO(body))
     return pq.ParquetFile(source)
@@ -206,6 +220,11 @@ class Parquet:
     def load(self, options: ParquetOptions) -> pd.DataFrame:
         """The feature columns plus `label`, exactly as stored (validation coerces and checks)."""
         return _read(options)[0]
+
+    def fingerprint(self, options: ParquetOptions) -> str:
+        """Each file's version (S3: ETag and size; disk: size and mtime), read from the listing
+        alone: a run learns that new bytes arrived under the same path without reading them."""
+        return "\n".join(f"{source} {version}" for source, version in _listing(options.path))
 
     def info(self, options: ParquetOptions) -> DatasetInfo:
         features = _feature_names(options)

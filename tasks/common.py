@@ -6,8 +6,19 @@ import os
 
 from flytekit import Resources
 
+from flyscale.distributed import DistContext, configure_logging
+from flyscale.flyte_types import register_flyscale_types
+
 # The image every task runs in on a cluster. Pin it by digest when registering:
 #   FLYSCALE_IMAGE=ghcr.io/acme/flyscale@sha256:... pyflyte register workflows/
 IMAGE = os.environ.get("FLYSCALE_IMAGE", "ghcr.io/flyscale/flyscale:0.1.0")
 
 SMALL = Resources(cpu="1", mem="2Gi")
+
+# Task processes log like rank 0: flyscale's loggers (and the plugins') at INFO. Their levels are
+# set explicitly because importing mlflow.pytorch runs logging.basicConfig(level=ERROR), which
+# would otherwise silence every warning a run gives after registration has started.
+configure_logging(DistContext())
+
+# Flyte describes each dataclass in a task interface by a JSON schema; build each one once.
+register_flyscale_types()

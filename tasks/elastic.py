@@ -94,14 +94,24 @@ def _replica_resources() -> Resources:
     )
 
 
-def training_launcher() -> LocalSafeElastic | PyTorch:
-    """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE.
+# The launcher's settings and their defaults: elastic, 1 node, 2 worker processes.
+LAUNCHER_SETTINGS = {"FLYSCALE_LAUNCHER": "elastic", "FLYSCALE_NNODES": "1", "FLYSCALE_NPROC_PER_NODE": "2"}
 
-    Defaults: elastic, 1 node, 2 worker processes.
-    """
-    launcher = os.environ.get("FLYSCALE_LAUNCHER", "elastic")
-    nnodes = int(os.environ.get("FLYSCALE_NNODES", "1"))
-    nproc = int(os.environ.get("FLYSCALE_NPROC_PER_NODE", "2"))
+
+def _setting(name: str) -> str:
+    return os.environ.get(name) or LAUNCHER_SETTINGS[name]
+
+
+def launcher_facts() -> str:
+    """The launcher's kind, nodes and processes per node, for the training tasks' cache versions."""
+    return ":".join(f"{name}={_setting(name)}" for name in LAUNCHER_SETTINGS)
+
+
+def training_launcher() -> LocalSafeElastic | PyTorch:
+    """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
+    launcher = _setting("FLYSCALE_LAUNCHER")
+    nnodes = int(_setting("FLYSCALE_NNODES"))
+    nproc = int(_setting("FLYSCALE_NPROC_PER_NODE"))
     if nnodes < 1 or nproc < 1:
         raise ValueError(f"FLYSCALE_NNODES and FLYSCALE_NPROC_PER_NODE must be >= 1, got {nnodes} and {nproc}")
     if launcher == "pytorch":

@@ -13,28 +13,38 @@ from flyscale.caching import code_cache
 from flyscale.config import GateConfig, MlflowConfig, ModelConfig, QuantizeConfig
 from flyscale.contracts import DatasetInfo, GateVerdict
 from flyscale.evaluation import EvalMetrics, evaluate
+from flyscale.gating import Judgment
+from flyscale.provenance import TaskRun
 from flyscale.schemas import LabeledFrame
 from tasks.common import IMAGE, SMALL
 
-Quantized = NamedTuple("Quantized", [("weights", FlyteFile), ("metrics", EvalMetrics), ("verdict", GateVerdict)])
+Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("run", TaskRun)])
+Quantized = NamedTuple(
+    "Quantized", [("weights", FlyteFile), ("metrics", EvalMetrics), ("verdict", GateVerdict), ("run", TaskRun)]
+)
 
 
 @task(cache=code_cache("models"), container_image=IMAGE, requests=SMALL)
 def evaluate_model(
     weights: FlyteFile, test: DataFrame[LabeledFrame], info: DatasetInfo, model_cfg: ModelConfig
-) -> EvalMetrics:
+) -> Evaluated:
     """Accuracy, macro-F1 and confusion matrix of the trained model on the test split."""
-    model = artifacts.load_state(artifacts.build_model(model_cfg, info), weights.download())
+    run = TaskRun.start("evaluate_model")
+    path = weights.download()
+    model = artifacts.load_state(artifacts.build_model(model_cfg, info), path)
     x, y = data.to_tensors(test, info)
-    return evaluate(model, x, y, info.num_classes)
+    metrics = evaluate(model, x, y, info.num_classes)
+    metrics.weights_sha256 = artifacts.file_sha256(path)
+    return Evaluated(metrics=metrics, run=run.done())
 
 
-# The verdict depends on the champion in the MLflow store, so the store is part of the cache key.
-# An identical rerun replays the verdict it got; `pyflyte run --overwrite-cache` re-judges it.
-@task(cache=code_cache("gates", extra=tracking.tracking_uri), container_image=IMAGE, requests=SMALL)
-def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig) -> GateVerdict:
-    """Decide whether the model may become champion; the verdict says why."""
-    champion = tracking.champion_metrics(champion_of.model_name, champion_of.alias)
+# Never cached: a verdict is only as good as the champion it was judged against, so every run
+# reads the champion afresh (an unchanged champion gives the same judgment, and registration
+# after it stays a cache hit).
+@task(cache=False, container_image=IMAGE, requests=SMALL)
+def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig) -> Judgment:
+    """Judge the candidate against the live champion; the judgment says why, and against whom."""
+    champion = tracking.read_baseline(champion_of, metrics.weights_sha256)
     return gating.judge(cfg, metrics.scalars(), champion)
 
 
@@ -48,6 +58,7 @@ def quantize_model(
     fp32: EvalMetrics,
 ) -> Quantized:
     """Quantize, evaluate the quantized model, and gate on the accuracy it lost."""
+    run = TaskRun.start("quantize_model")
     model = artifacts.load_state(artifacts.build_model(model_cfg, info), weights.download())
     qmodel = artifacts.quantize(model, cfg)
     x, y = data.to_tensors(test, info)
@@ -59,4 +70,5 @@ def quantize_model(
         passed=passed,
         reason=f"{cfg.name} accuracy drop {drop:+.4f} {'<=' if passed else '>'} allowed {cfg.max_accuracy_drop:.4f}",
     )
-    return Quantized(weights=FlyteFile(artifacts.save_state(qmodel, "model_int8.pt")), metrics=metrics, verdict=verdict)
+    weights_int8 = FlyteFile(artifacts.save_state(qmodel, "model_int8.pt"))
+    return Quantized(weights=weights_int8, metrics=metrics, verdict=verdict, run=run.done())

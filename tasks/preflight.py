@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 from flytekit import Resources, task
 from flytekit.core.task import TaskPlugins
@@ -13,9 +14,12 @@ from flyscale.caching import code_cache
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
 from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
+from flyscale.provenance import TaskRun
 from flyscale.schemas import LabeledFrame
 from tasks.common import IMAGE
-from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, training_launcher
+from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, launcher_facts, training_launcher
+
+Checked = NamedTuple("Checked", [("report", PreflightReport), ("run", TaskRun)])
 
 
 @dataclasses.dataclass
@@ -27,7 +31,7 @@ class PreflightElasticTask(LocalSafeElasticTask):
     def execute(self, **kwargs):
         # The workflow is static, so this task always runs; off, it costs no worker start-up.
         if not kwargs["preflight_cfg"].enabled:
-            return PreflightReport.skipped()
+            return Checked(PreflightReport.skipped(), TaskRun.start("preflight_check"))
         return super().execute(**kwargs)
 
 
@@ -44,7 +48,7 @@ def _launcher():
 
 @task(
     task_config=_launcher(),
-    cache=code_cache("models", "strategies"),
+    cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}),
     container_image=IMAGE,
     requests=Resources(cpu="2", mem="4Gi"),
     shared_memory=True,
@@ -56,12 +60,13 @@ def preflight_check(
     model_cfg: ModelConfig,
     cfg: TrainConfig,
     preflight_cfg: PreflightConfig,
-) -> PreflightReport:
+) -> Checked:
     """Fail fast, with the numbers, if N workers do not compute what one process computes."""
+    run = TaskRun.start("preflight_check")
     with distributed.process_group() as ctx:
         strategy, options = artifacts.strategy(cfg)
         report = preflight.run_preflight(
             lambda: artifacts.build_model(model_cfg, info), data.train_data(train, val, info), cfg,
             preflight_cfg, ctx, strategy, options,
         )
-        return distributed.rank_zero_outputs(ctx, report)
+        return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if ctx.is_main else None)

@@ -1,68 +1,58 @@
-"""Registration stage: one MLflow run per pipeline execution, both models, the champion alias."""
+"""Registration stage: one MLflow run per pipeline execution, both models, the champion alias;
+then the summary of what this execution computed and what it took from the cache."""
 
 from __future__ import annotations
 
-import flytekit
-import torch
+from typing import NamedTuple
+
 from flytekit import task
 from flytekit.types.file import FlyteFile
 from pandera.typing import DataFrame
 
-from flyscale import artifacts, tracking
-from flyscale.caching import code_cache
-from flyscale.config import PipelineConfig, flatten
+from flyscale import registration, tracking
+from flyscale.caching import LIBRARIES, code_cache
+from flyscale.config import PipelineConfig
 from flyscale.contracts import DatasetInfo, GateVerdict
-from flyscale.data import ValidationReport
+from flyscale.data import DataFingerprint, ValidationReport
 from flyscale.evaluation import EvalMetrics
+from flyscale.gating import Judgment
 from flyscale.preflight import PreflightReport
+from flyscale.provenance import CacheReport, TaskRun
 from flyscale.schemas import QuarantineFrame
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
 from tasks.common import IMAGE, SMALL
 
+Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)])
 
-# The MLflow store is part of the cache key: the same inputs sent to another store must register again.
-@task(cache=code_cache("models", "quantizers", extra=tracking.tracking_uri), container_image=IMAGE, requests=SMALL)
+
+# The MLflow store is part of the version: the same inputs sent to another store register again.
+# The stamps of earlier tasks only describe this execution, so they are not part of the key.
+@task(
+    cache=code_cache(
+        "models", "quantizers", facts={"mlflow_store": tracking.tracking_uri}, libraries=(*LIBRARIES, "mlflow"),
+        ignored_inputs=("runs", "started"),
+    ),
+    container_image=IMAGE,
+    requests=SMALL,
+)
 def register_model(
-    cfg: PipelineConfig,
-    info: DatasetInfo,
-    report: ValidationReport,
-    quarantined: DataFrame[QuarantineFrame],
-    history: TrainHistory,
-    weights: FlyteFile,
-    fp32: EvalMetrics,
-    gate: GateVerdict,
-    int8_weights: FlyteFile,
-    int8: EvalMetrics,
-    int8_gate: GateVerdict,
-    preflight: PreflightReport,
-) -> RunSummary:
-    """Log everything to MLflow; move the alias only if every gate passed."""
-    model = artifacts.load_state(artifacts.build_model(cfg.model, info), weights.download())
-    qmodel = artifacts.load_state(artifacts.quantize(artifacts.build_model(cfg.model, info), cfg.quantize), int8_weights.download())
-    execution = flytekit.current_context().execution_id.name
-    record = tracking.RunRecord(
-        params=flatten(cfg),
-        history=history,
-        fp32=fp32,
-        int8=int8,
-        verdicts=[gate, int8_gate],
-        preflight=preflight,
-        quarantined=quarantined,
-        validation={"total_rows": report.total_rows, "valid_rows": report.valid_rows, "quarantined_rows": report.quarantined_rows},
-        tags={
-            "flyscale.execution_id": execution,
-            "flyscale.dataset": info.name,
-            "flyscale.model": cfg.model.name,
-            "flyscale.strategy": history.strategy,
-            "flyscale.world_size": str(history.world_size),
-        },
+    cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
+    quarantined: DataFrame[QuarantineFrame], history: TrainHistory, preflight: PreflightReport, weights: FlyteFile,
+    fp32: EvalMetrics, judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, int8_gate: GateVerdict,
+    runs: list[TaskRun], started: TaskRun,
+) -> Registered:
+    """Log everything to MLflow; move the alias only if every gate passed (compare-and-set)."""
+    run = TaskRun.start("register_model")
+    summary = registration.register(
+        cfg, info, fingerprint, report, quarantined, history, preflight, weights.download(), fp32, judgment,
+        int8_weights.download(), int8, int8_gate, runs, started,
     )
-    example = torch.zeros(2, len(info.feature_columns))
-    registration = tracking.publish(
-        record, model, qmodel, example, cfg.mlflow.experiment, cfg.mlflow.model_name, cfg.mlflow.alias,
-        run_name=f"{cfg.model.name}-{history.strategy}-{execution}",
-    )
-    return RunSummary(
-        validation=report, fp32=fp32, int8=int8, verdicts=[gate, int8_gate], registration=registration, preflight=preflight
-    )
+    return Registered(summary=summary, run=run.done())
+
+
+@task(cache=False, container_image=IMAGE, requests=SMALL)
+def summarize(summary: RunSummary, runs: list[TaskRun], started: TaskRun) -> RunSummary:
+    """The run summary, with which tasks this execution ran and which it took from the cache."""
+    summary.cache = CacheReport.of(runs, started.started_at, registration.ALWAYS_RUN)
+    return summary

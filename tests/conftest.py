@@ -79,7 +79,8 @@ def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int =
 
     HOME isolates flytekit's local cache (~/.flyte/local-cache) per test.
     """
-    full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", **(env or {})}
+    # COLUMNS: pyflyte boxes a usage error at the terminal's width; wide, a message stays on one line.
+    full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", "COLUMNS": "400", **(env or {})}
     return subprocess.run(
         [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", *args],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,

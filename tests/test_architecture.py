@@ -119,14 +119,13 @@ def test_workflows_are_wiring_only():
             )
 
 
-def test_every_task_is_cached_with_a_code_derived_version():
-    import flytekit
-
+def test_tasks_are_cached_except_those_that_read_live_state():
+    """Everything is cached but the tasks whose job is to see what changed: the data's fingerprint,
+    the gate (the champion as it is now) and the summary of this execution."""
+    from flyscale.registration import ALWAYS_RUN
     from workflows.train import training_pipeline
 
-    tasks = {n.flyte_entity.name: n.flyte_entity for n in training_pipeline.nodes}
-    assert len(tasks) == 10
-    for name, t in tasks.items():
-        assert isinstance(t, flytekit.core.base_task.PythonTask)
-        assert t.metadata.cache, f"{name} is not cached"
-        assert len(t.metadata.cache_version) == 64, f"{name}: version should be a hash, got {t.metadata.cache_version!r}"
+    tasks = {n.flyte_entity.name.rsplit(".", 1)[-1]: n.flyte_entity for n in training_pipeline.nodes}
+    assert len(tasks) == 12
+    uncached = {name for name, t in tasks.items() if not t.metadata.cache}
+    assert uncached == set(ALWAYS_RUN) == {"fingerprint_data", "gate_model", "summarize"}

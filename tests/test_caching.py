@@ -1,15 +1,29 @@
-"""Cache versions follow the code: edit a module a task uses and its version changes."""
+"""Cache versions follow the facts: the real tasks' versions, read from a fresh import of the
+workflow, change exactly when something that changes their result changes, and not otherwise."""
 
 from __future__ import annotations
 
-import importlib
+import json
+import os
+import shutil
+import subprocess
 import sys
-import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
-from flytekit.core.cache import VersionParameters
 
-from flyscale.caching import SourcePolicy, module_closure, source_hash
+from flyscale.caching import module_closure, source_hash
+from tests.conftest import REPO
+
+TASKS = ["load_data", "validate_data", "split_data", "augment_data", "preflight_check", "train_model",
+         "evaluate_model", "quantize_model", "register_model"]
+VERSIONS = """
+import json
+from workflows.train import training_pipeline
+print(json.dumps({n.flyte_entity.name.rsplit(".", 1)[-1]: n.flyte_entity.metadata.cache_version
+                  for n in training_pipeline.nodes if n.flyte_entity.metadata.cache}))
+"""
 
 
 @pytest.fixture
@@ -47,38 +61,78 @@ def test_version_changes_with_imported_code_only(pkg):
     assert _version(pkg) != before
 
 
-def test_task_version_changes_when_its_plugin_code_changes(tmp_path, monkeypatch):
-    from flyscale import registry
-
-    mod = tmp_path / "acme_cache_plugin.py"
-    mod.write_text(textwrap.dedent("""
-        class Tiny:
-            options_type = None
-            def build(self, options, info):
-                raise NotImplementedError
-        tiny = Tiny()
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugin = importlib.import_module("acme_cache_plugin").tiny
-    monkeypatch.setitem(registry.models._manual, "acme_tiny", plugin)
-    from tasks.train import train_model
-
-    params = VersionParameters(func=train_model.task_function)
-    policy = SourcePolicy(("models", "strategies"))
-    before = policy.get_version("", params)
-    assert policy.get_version("", params) == before  # stable when nothing changed
-    mod.write_text(mod.read_text() + "\n# retuned\n")
-    assert policy.get_version("", params) != before
-    del sys.modules["acme_cache_plugin"]
+def test_a_module_that_cannot_be_found_is_an_error_not_a_gap(pkg):
+    (pkg / "helper.py").write_text("from acmepkg import gone_module\n")
+    (pkg / "uses.py").write_text("import acmepkg.gone_module\n")
+    _version(pkg)  # `from acmepkg import name` may name an attribute: not an error
+    with pytest.raises(ImportError, match=r"acmepkg.uses imports 'acmepkg.gone_module', which cannot be found"):
+        module_closure(["acmepkg.uses"], first_party=("acmepkg",))
 
 
-def test_register_task_version_includes_the_mlflow_store(monkeypatch):
-    from flyscale import tracking
-    from tasks.register import register_model
+# --- the real tasks, as a fresh process imports them --------------------------------------------
 
-    p = SourcePolicy(("models",), extra=tracking.tracking_uri)
-    params = VersionParameters(func=register_model.task_function)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://a:5000")
-    a = p.get_version("", params)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://b:5000")
-    assert p.get_version("", params) != a
+
+def _project_copy(root: Path) -> Path:
+    """The project's code in `root`, importable from there (plugins/ under its import name)."""
+    for name in ("flyscale", "plugins", "tasks", "workflows"):
+        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "flyscale_plugins").symlink_to(root / "plugins", target_is_directory=True)
+    return root
+
+
+def _versions(cwd: Path = REPO, **env: str) -> dict[str, str]:
+    full = {**os.environ, "PYTHONPATH": str(cwd), **env}
+    proc = subprocess.run([sys.executable, "-c", VERSIONS], cwd=cwd, env=full, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _changed(before: dict[str, str], after: dict[str, str]) -> set[str]:
+    assert set(before) == set(after) == set(TASKS)
+    return {task for task in TASKS if before[task] != after[task]}
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """The real tasks' versions under each change, computed in parallel fresh processes."""
+    root = tmp_path_factory.mktemp("versions")
+    edited = _project_copy(root / "edited")
+    quantizers = edited / "plugins" / "quantizers.py"
+    quantizers.write_text(quantizers.read_text() + "\n# a retuned quantizer\n")
+    # A newer torch, as importlib.metadata sees it: a dist-info ahead of the real one on the path.
+    fake = root / "newer-torch" / "torch-9.9.9.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
+    cases = {
+        "baseline": {}, "again": {},
+        "one_worker": {"env": {"FLYSCALE_NPROC_PER_NODE": "1"}},
+        "image": {"env": {"FLYSCALE_IMAGE": "ghcr.io/acme/flyscale@sha256:" + "1" * 64}},
+        "torch": {"env": {"PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO}"}},
+        "store": {"env": {"MLFLOW_TRACKING_URI": "http://mlflow.elsewhere:5000"}},
+        "edited_plugin": {"cwd": edited},
+    }
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(_versions, c.get("cwd", REPO), **c.get("env", {})) for name, c in cases.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.timeout(600)
+def test_an_unchanged_import_gives_the_same_versions(scenarios):
+    assert scenarios["again"] == scenarios["baseline"]
+    assert all(len(v) == 64 for v in scenarios["baseline"].values())
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    "scenario, expected",
+    [
+        # One worker instead of two: another global batch, so another model, and all it feeds.
+        ("one_worker", {"preflight_check", "train_model"}),
+        ("image", set(TASKS)),
+        ("torch", set(TASKS)),
+        ("store", {"register_model"}),
+        ("edited_plugin", {"quantize_model", "register_model"}),
+    ],
+)
+def test_each_fact_changes_the_versions_of_the_tasks_it_affects(scenarios, scenario, expected):
+    assert _changed(scenarios["baseline"], scenarios[scenario]) == expected

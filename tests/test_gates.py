@@ -7,6 +7,7 @@ import pytest
 from mlflow import MlflowClient
 
 from flyscale import tracking
+from flyscale.config import MlflowConfig
 from flyscale_plugins.gates import BeatsChampionOptions, MinMetricOptions, beats_champion, min_metric
 
 
@@ -25,6 +26,10 @@ def store(tmp_path, monkeypatch):
     return MlflowClient(uri)
 
 
+def _baseline(sha: str = "candidate") -> dict | None:
+    return tracking.read_baseline(MlflowConfig(model_name="digits"), sha).for_gate()
+
+
 def _champion(client: MlflowClient, accuracy: float) -> str:
     """Register a version whose run logged `test_accuracy`, and point `champion` at it."""
     mlflow.set_experiment("gates")
@@ -40,9 +45,9 @@ def _champion(client: MlflowClient, accuracy: float) -> str:
 
 
 def test_champion_metrics_read_back_from_the_store(store):
-    assert tracking.champion_metrics("digits", "champion") is None  # no model yet
+    assert _baseline() is None  # no model yet
     version = _champion(store, 0.96)
-    found = tracking.champion_metrics("digits", "champion")
+    found = _baseline()
     assert found["accuracy"] == pytest.approx(0.96)
     assert found["macro_f1"] == pytest.approx(0.95)
     assert found["version"] == float(version)
@@ -50,10 +55,10 @@ def test_champion_metrics_read_back_from_the_store(store):
 
 def test_beats_champion_against_the_live_champion(store):
     opts = BeatsChampionOptions(metric="accuracy")
-    first = beats_champion.check({"accuracy": 0.9}, opts, tracking.champion_metrics("digits", "champion"))
+    first = beats_champion.check({"accuracy": 0.9}, opts, _baseline())
     assert first.passed and "no champion yet" in first.reason
     _champion(store, 0.96)
-    champion = tracking.champion_metrics("digits", "champion")
+    champion = _baseline()
     assert beats_champion.check({"accuracy": 0.97}, opts, champion).passed
     worse = beats_champion.check({"accuracy": 0.96}, opts, champion)
     assert not worse.passed and "champion v1 0.9600" in worse.reason  # a tie does not beat

@@ -139,9 +139,15 @@ def _load_data_inputs(path: Path) -> Path:
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
 
+    from flyscale import data
     from flyscale.config import DataConfig
+    from flyscale.data import DataFingerprint
 
-    literals = TypeEngine.dict_to_literal_map(FlyteContextManager.current_context(), {"cfg": DataConfig()}, {"cfg": DataConfig})
+    cfg = DataConfig()
+    literals = TypeEngine.dict_to_literal_map(
+        FlyteContextManager.current_context(), {"cfg": cfg, "fingerprint": data.fingerprint(cfg)},
+        {"cfg": DataConfig, "fingerprint": DataFingerprint},
+    )
     path.write_bytes(literals.to_flyte_idl().SerializeToString())
     return path
 

@@ -206,3 +206,30 @@ def test_parquet_is_declared_as_an_entry_point():
         'add  parquet = "flyscale_plugins.parquet:parquet"  under [project.entry-points."flyscale.datasets"] '
         "in pyproject.toml, then `pip install -e .` so the installed metadata lists it"
     )
+
+
+def test_s3_fingerprint_sees_new_bytes_under_the_same_prefix(shards, s3):
+    """Taken from the listing alone (ETag and size): same bytes, same fingerprint; one changed byte, a new one."""
+    client, bucket = s3
+    root, _ = shards
+    for path in sorted(root.glob("*.parquet")):
+        client.upload_file(str(path), bucket, f"nightly/{path.name}")
+    cfg = _cfg(path=f"s3://{bucket}/nightly", label="target")
+    first = data.fingerprint(cfg)
+    client.upload_file(str(root / "part-0.parquet"), bucket, "nightly/part-0.parquet")  # the same bytes again
+    assert data.fingerprint(cfg).value == first.value
+    changed = pd.read_parquet(root / "part-0.parquet")
+    changed.iloc[0, 0] += 1.0
+    client.put_object(Bucket=bucket, Key="nightly/part-0.parquet", Body=changed.to_parquet(index=False))
+    assert data.fingerprint(cfg).value != first.value
+    client.put_object(Bucket=bucket, Key="nightly/part-9.parquet", Body=changed.to_parquet(index=False))  # a new shard
+    assert len({first.value, data.fingerprint(cfg).value}) == 2
+
+
+def test_a_programming_error_is_not_reported_as_unreadable_s3(s3, monkeypatch):
+    """Only boto's own errors become "cannot be read from S3"; a bug surfaces as itself."""
+    from flyscale_plugins import parquet as module
+
+    monkeypatch.setattr(module, "_s3_client", lambda: None)  # a bug: no client at all
+    with pytest.raises(AttributeError):
+        parquet.load(ParquetOptions(path=f"s3://{s3[1]}/x"))

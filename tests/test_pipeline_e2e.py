@@ -10,7 +10,9 @@ from mlflow import MlflowClient
 
 from tests.conftest import run_pipeline
 
-N_TASKS = 10  # load, validate, split, augment, preflight, train, evaluate, gate, quantize, register
+# Cached: load, validate, split, augment, preflight, train, evaluate, quantize, register. Never
+# cached: fingerprint_data, gate_model and summarize, which read the data and the champion as they are.
+N_CACHED = 9
 
 
 def _run_id(stdout: str) -> str:
@@ -58,15 +60,21 @@ def test_pipeline_registers_model_and_second_run_hits_cache(tmp_path, mlflow_ser
     assert artifacts == {"plots/confusion_fp32.png", "plots/confusion_int8.png"}
 
     champion = client.get_model_version_by_alias("e2e-digits", "champion")
-    assert champion.run_id == run_id
-    assert client.get_model_version_by_alias("e2e-digits-int8", "champion").run_id == run_id
+    assert champion.tags["flyscale.run_id"] == run_id
+    assert client.get_model_version_by_alias("e2e-digits-int8", "champion").tags["flyscale.run_id"] == run_id
+    # What the decisions rested on is on the run: the data, the cache, the champion compared with.
+    assert len(tags["flyscale.data_fingerprint"]) == 64 and "digits" in tags["flyscale.data_fingerprint_method"]
+    assert tags["flyscale.cache.train_model"] == "miss" and tags["flyscale.cache.gate_model"] == "always runs"
+    assert tags["flyscale.judged_against"] == "no champion"
+    assert "cache       ran load_data, validate_data" in out and "from the cache: nothing" in out
 
-    # Identical second run: every task is served from the cache, nothing is registered twice.
+    # Identical second run: every cached task is served from the cache, nothing is registered twice.
     second = run_pipeline(tmp_path, "--cfg", str(quick_cfg), env=env)
     out2 = _ok(second)
     log = second.stdout + second.stderr
-    assert log.count("Cache hit") == N_TASKS, log[-4000:]
+    assert log.count("Cache hit") == N_CACHED, log[-4000:]
     assert "Cache miss" not in log
+    assert "cache       ran nothing; from the cache: load_data" in out2
     assert _run_id(out2) == run_id
     assert len(client.search_model_versions("name='e2e-digits'")) == 1
 
@@ -94,14 +102,32 @@ def test_failed_gate_registers_nothing_as_champion(tmp_path, mlflow_server, quic
 
 
 @pytest.mark.timeout(300)
-def test_bad_config_fails_before_training_naming_the_field(tmp_path):
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"train": {"epochs": -1}}))
+@pytest.mark.parametrize(
+    "preset, message",
+    [
+        ("train: {epochs: -1}", "train.epochs must be > 0"),
+        # Unknown keys are refused with the nearest name, in YAML and in JSON, at every depth.
+        ("train: {epoch: 3}", "train.epoch: unknown field; did you mean 'epochs'?"),
+        ("model: {nmae: cnn}", "model.nmae: unknown field; did you mean 'name'?"),
+        ("trian: {epochs: 3}", "unknown config section 'trian'; did you mean 'train'?"),
+        ('{"model": {"name": "cnn", "options": {"chanels": [8]}}}',
+         "model.options.chanels: unknown option; did you mean 'channels'?"),
+    ],
+)
+def test_bad_config_fails_before_any_task_naming_the_key(tmp_path, preset, message):
+    path = tmp_path / ("bad.json" if preset.startswith("{") else "bad.yaml")
+    path.write_text(preset)
     proc = run_pipeline(tmp_path, "--cfg", str(path))
     assert proc.returncode != 0
     log = proc.stdout + proc.stderr
-    assert "train.epochs must be > 0" in log
-    assert "Checking cache for task" not in log  # no task started
+    assert message in log, log[-3000:]
+    assert "fingerprint_data" not in log and "Checking cache for task" not in log  # no task started
+
+
+@pytest.mark.timeout(120)
+def test_inline_json_preset_is_strict_too(tmp_path):
+    proc = run_pipeline(tmp_path, "--cfg", '{"train": {"epoch": 3}}')
+    assert proc.returncode != 0 and "train.epoch: unknown field; did you mean 'epochs'?" in proc.stdout + proc.stderr
 
 
 @pytest.mark.timeout(900)

@@ -156,11 +156,11 @@ def test_switched_off_task_starts_no_workers(monkeypatch):
 
     monkeypatch.setattr(PytorchElasticFunctionTask, "_execute", no_workers)  # where flytekit starts workers
     frame = digits.load(None).head(64)
-    report = preflight_check.execute(
+    report, ran = preflight_check.execute(
         train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
         preflight_cfg=PreflightConfig(),
     )
-    assert report == PreflightReport.skipped()
+    assert report == PreflightReport.skipped() and ran.task == "preflight_check"
     with pytest.raises(AssertionError, match="started the worker group"):  # and on, it would have
         preflight_check.execute(
             train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
@@ -178,14 +178,28 @@ def test_preflight_config_names_the_bad_field(field, value, message):
         PreflightConfig(**{field: value})
 
 
-def test_world_size_one_matches_trivially_without_spawning():
+def _world_one(strategy, cfg: TrainConfig) -> PreflightReport:
     from flyscale import artifacts
     from flyscale.distributed import DistContext
 
-    cfg = TrainConfig(batch_size=16)
-    report = run_preflight(
+    return run_preflight(
         lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg, PreflightConfig(enabled=True, steps=3),
-        DistContext(), cfg.plugin.plugin, cfg.plugin.options,
+        DistContext(), strategy, cfg.plugin.options,
     )
+
+
+def test_at_world_size_one_the_check_still_compares_two_different_loops():
+    """Without spawning: the pipeline strategy's own step (not standard_step) matches the
+    reference loop, and a strategy whose optimizer step is wrong is caught even alone."""
+    pipeline = TrainConfig(strategy="pipeline", batch_size=16)
+    report = _world_one(pipeline.plugin.plugin, pipeline)
     assert report.passed and report.steps == 3 and report.max_rel_diff < 1e-6
     assert torch.tensor(report.losses_world1).argmin() == 2  # three steps down one batch
+
+    def double_lr(model, data, cfg, ctx, options):
+        from dataclasses import replace
+
+        return _broken(model, data, replace(cfg, lr=2 * cfg.lr), ctx, options, sync=False)  # alone: no DDP
+
+    with pytest.raises(ValueError, match=r"preflight failed: ddp at world size 1 diverges from one process"):
+        _world_one(double_lr, TrainConfig(batch_size=16))

@@ -66,6 +66,7 @@ def test_fit_draws_the_bar_only_on_a_terminal(capsys, monkeypatch, caplog):
     assert "3/3" in drawn and "samples/s" in drawn
     monkeypatch.delenv("FORCE_COLOR")
     monkeypatch.setenv("TTY_COMPATIBLE", "0")  # captured stdout: not a terminal
+    caplog.clear()  # count the second run's lines only
     with caplog.at_level("INFO", logger="flyscale.training"):
         _fit(cfg, DistContext())
     assert capsys.readouterr().out == ""  # nothing extra in logs...

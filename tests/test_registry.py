@@ -13,6 +13,7 @@ from torch import nn
 
 from flyscale import data, gating, registry
 from flyscale.api import DatasetInfo, GateVerdict
+from flyscale.champion import ChampionRef
 from flyscale.config import AugmentConfig, DataConfig, GateConfig, ModelConfig, PipelineConfig, flatten
 from flyscale.contracts import as_dataset_info, as_gate_verdict
 from flyscale.registry import PluginContractError
@@ -160,8 +161,8 @@ def test_a_gate_returning_its_own_object_is_judged_through_flyscale(register):
             return {"name": "always", "passed": True, "reason": f"accuracy {metrics['accuracy']}"}
 
     register("gates", "t_always", Always)
-    verdict = gating.judge(GateConfig(name="t_always"), {"accuracy": 0.5}, None)
-    assert verdict == GateVerdict("always", True, "accuracy 0.5")
+    judgment = gating.judge(GateConfig(name="t_always"), {"accuracy": 0.5}, ChampionRef("m", "champion"))
+    assert judgment.verdict == GateVerdict("always", True, "accuracy 0.5")
 
 
 def test_generic_sections_hold_no_plugin_defaults():

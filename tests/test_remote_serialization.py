@@ -36,27 +36,44 @@ def _package(tmp_path: Path, **env: str) -> dict[str, TaskSpec]:
     return specs
 
 
+@pytest.fixture(scope="module")
+def packaged(tmp_path_factory) -> dict[str, dict[str, TaskSpec]]:
+    """The workflow packaged for one node and for three."""
+    return {
+        "one node": _package(tmp_path_factory.mktemp("one")),
+        "three nodes": _package(tmp_path_factory.mktemp("three"), FLYSCALE_NNODES="3", FLYSCALE_NPROC_PER_NODE="4"),
+    }
+
+
 @pytest.mark.timeout(400)
-def test_multi_node_training_serialises_as_pytorchjob(tmp_path):
-    specs = _package(tmp_path, FLYSCALE_NNODES="3", FLYSCALE_NPROC_PER_NODE="4")
+def test_multi_node_training_serialises_as_pytorchjob(packaged):
+    specs = packaged["three nodes"]
     train = specs["tasks.train.train_model"].template
     assert train.type == "pytorch"
     custom = MessageToDict(train.custom)
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(specs) == 10
+    assert len(specs) == 12
     for name, spec in specs.items():
-        t = spec.template
-        assert t.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE
-        assert t.metadata.discoverable and len(t.metadata.discovery_version) == 64, f"{name} is not cached"
+        assert spec.template.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE
 
 
 @pytest.mark.timeout(400)
-def test_single_node_training_is_a_plain_pod(tmp_path):
-    train = _package(tmp_path)["tasks.train.train_model"].template
-    assert train.type == "python-task"  # single-node elastic needs no training operator
+def test_registered_cache_versions_carry_the_launcher(packaged):
+    """What a cluster caches on: the training tasks' versions differ with the launcher, the others do not."""
+    one = packaged["one node"]
+    version = {k: {n: s.template.metadata.discovery_version for n, s in v.items()} for k, v in packaged.items()}
+    changed = {n for n in version["one node"] if version["one node"][n] != version["three nodes"][n]}
+    assert changed == {"tasks.train.train_model", "tasks.preflight.preflight_check"}
+    cached = {n for n, s in one.items() if s.template.metadata.discoverable}
+    assert cached == set(one) - {"tasks.data.fingerprint_data", "tasks.evaluate.gate_model", "tasks.register.summarize"}
 
+
+@pytest.mark.timeout(400)
+def test_single_node_training_is_a_plain_pod(packaged):
+    train = packaged["one node"]["tasks.train.train_model"].template
+    assert train.type == "python-task"  # single-node elastic needs no training operator
 
 
 @pytest.mark.timeout(240)

@@ -125,7 +125,7 @@ print("valid")
         ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric"]),
         # The plugin's own options dataclass validates its section, field by field.
         ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
-        ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; expected one of width"]),
+        ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; did you mean 'width'? expected one of width"]),
         ("gate", "acme_min_f1", "{'threshold': 1.5}", ["gate.options: threshold must be in [0, 1], got 1.5"]),
     ],
 )
@@ -200,10 +200,12 @@ TYPED_USE = """
 from flyscale import registry
 from flyscale.api import DatasetInfo, GateVerdict
 from flyscale.artifacts import build_model
+from flyscale.champion import ChampionRef
 from flyscale.config import GateConfig, ModelConfig
 from flyscale.gating import judge
 
-verdict = judge(GateConfig(name="acme_max_loss", options={"max_loss": 0.3}), {"loss": 0.25, "accuracy": 0.9}, None)
+cfg = GateConfig(name="acme_max_loss", options={"max_loss": 0.3})
+verdict = judge(cfg, {"loss": 0.25, "accuracy": 0.9}, ChampionRef("m", "champion")).verdict
 assert type(verdict) is GateVerdict and verdict.passed, verdict
 print(verdict.reason)
 model = build_model(ModelConfig(name="acme_linear"), DatasetInfo("d", 3, [2, 2], ["a", "b", "c", "d"]))

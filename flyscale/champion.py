@@ -1,0 +1,215 @@
+"""The champion alias, read and moved on the facts of this run.
+
+- Reading fails closed: only "no such registered model" (or a model without the alias) means
+  there is no champion. Any other MLflow error, after MLflow's own bounded retries, fails the run
+  with a retryable error: a 503 is never read as "nothing there".
+- A candidate is judged against the current champion, unless the champion is this very
+  candidate (same weights): a rerun of the run that won is judged against what it beat, so it
+  replays its verdict instead of losing to itself.
+- Moving the alias is a compare-and-set: under a lock held in MLflow itself, the alias moves only
+  if it still points at the champion the verdict was judged against. Otherwise the candidate is
+  refused, with the reason, and the run says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from flytekit.exceptions.user import FlyteRecoverableException
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_TAG = "flyscale.weights_sha256"  # on every version flyscale registers
+JUDGED_TAG = "flyscale.judged_against_version"  # on each version: the champion it was judged against ("" = none)
+LOCK_SUFFIX = ".promotion-lock"
+
+
+@dataclass
+class ChampionRef:
+    """The champion a candidate is judged against; `version == ""` when there is none."""
+
+    model_name: str
+    alias: str
+    version: str = ""
+    run_id: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # its test metrics, without the test_ prefix
+
+    def label(self) -> str:
+        return f"v{self.version}" if self.version else "no champion"
+
+    def for_gate(self) -> dict[str, float] | None:
+        """What a gate plugin receives: the champion's metrics and version, or None."""
+        return {**self.metrics, "version": float(self.version)} if self.version else None
+
+
+@dataclass
+class Promotion:
+    """Whether the alias moved to this run's versions, and why (or why not)."""
+
+    moved: bool
+    reason: str
+
+
+class MlflowUnavailable(FlyteRecoverableException):
+    """MLflow failed in a way a retry may fix; nothing was promoted."""
+
+
+@contextlib.contextmanager
+def mlflow_errors(what: str) -> Iterator[None]:
+    """MLflow failures as a retryable error that says what was being done and what did not happen."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise MlflowUnavailable(
+            f"MLflow failed while {what} (after its bounded retries): {exc}. The champion alias was "
+            f"not moved; the run can be retried."
+        ) from exc
+
+
+def _missing(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
+
+
+def current_version(client, model_name: str, alias: str):
+    """The ModelVersion `alias` points at, or None when the model or the alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(model_name)
+    except MlflowException as exc:
+        if _missing(exc):
+            return None
+        raise
+    version = model.aliases.get(alias)
+    return client.get_model_version(model_name, version) if version else None
+
+
+def _ref(client, model_name: str, alias: str, version) -> ChampionRef:
+    if version is None:
+        return ChampionRef(model_name, alias)
+    run_id = version.tags.get("flyscale.run_id") or version.run_id
+    metrics = client.get_run(run_id).data.metrics
+    found = {k.removeprefix("test_"): float(v) for k, v in metrics.items() if k.startswith("test_")}
+    return ChampionRef(model_name, alias, str(version.version), run_id, found)
+
+
+def baseline(client, model_name: str, alias: str, candidate_sha256: str) -> ChampionRef:
+    """The champion a candidate with these weights is judged against (see the module docstring)."""
+    from mlflow.exceptions import MlflowException
+
+    champion = current_version(client, model_name, alias)
+    if champion is not None and champion.tags.get(WEIGHTS_TAG) == candidate_sha256:
+        beaten = champion.tags.get(JUDGED_TAG, "")
+        try:
+            champion = client.get_model_version(model_name, beaten) if beaten else None
+        except MlflowException as exc:
+            if not _missing(exc):
+                raise
+            champion = None  # the version it beat was deleted since: nothing left to compare with
+    return _ref(client, model_name, alias, champion)
+
+
+@contextlib.contextmanager
+def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) -> Iterator[None]:
+    """Mutual exclusion for moving the alias, held in MLflow so that it spans machines.
+
+    Creating a registered model is atomic (a second create of the same name fails), so the lock is
+    a registered model named `<model>.promotion-lock`, deleted on release. A lock older than
+    `stale_s` was left by a run that died holding it, and is broken.
+    """
+    from mlflow.exceptions import MlflowException
+
+    name = model_name + LOCK_SUFFIX
+    holder = f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+    deadline, said = time.monotonic() + timeout_s, False
+    while True:
+        try:
+            client.create_registered_model(
+                name, tags={"flyscale.holder": holder, "flyscale.acquired_at": str(time.time())},
+                description=f"held by a flyscale run while it moves the alias of {model_name}; deleted on release",
+            )
+            break
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        if _break_if_stale(client, name, stale_s):
+            continue
+        if time.monotonic() > deadline:
+            raise MlflowUnavailable(
+                f"another run holds {name!r} (waited {timeout_s:.0f} s; mlflow.lock_timeout_s). If no run is "
+                f"promoting {model_name}, delete that registered model and retry."
+            )
+        if not said:
+            log.warning("waiting for %r: another run is moving the alias of %s", name, model_name)
+            said = True
+        time.sleep(0.25)
+    try:
+        yield
+    finally:
+        try:
+            client.delete_registered_model(name)
+        except MlflowException as exc:  # the alias has moved (or not) already: do not undo that over a lock
+            log.warning("could not release %r (%s); it is broken after %.0f s (mlflow.lock_stale_s)", name, exc, stale_s)
+
+
+def _break_if_stale(client, name: str, stale_s: float) -> bool:
+    """Delete the lock if it is older than `stale_s`; True when it was broken."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = client.get_registered_model(name).tags
+    except MlflowException as exc:
+        if _missing(exc):
+            return True  # released meanwhile: try again at once
+        raise
+    acquired = float(tags.get("flyscale.acquired_at", "inf"))
+    if time.time() - acquired < stale_s:
+        return False
+    log.warning("breaking %r: taken at %s by %s, more than %.0f s ago", name, acquired, tags.get("flyscale.holder"), stale_s)
+    with contextlib.suppress(MlflowException):  # someone else broke it first
+        client.delete_registered_model(name)
+    return True
+
+
+def promote(
+    client, versions: list[tuple[str, str]], alias: str, judged: ChampionRef, candidate_sha256: str,
+    lock_timeout_s: float, lock_stale_s: float,
+) -> Promotion:
+    """Move `alias` of each (model, version) only if the first model's alias still points at
+    `judged` (or at a version with these very weights). All or none of them move."""
+    from mlflow.exceptions import MlflowException
+
+    model_name, version = versions[0]
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+        now = current_version(client, model_name, alias)
+        now_label = f"v{now.version}" if now is not None else "no champion"
+        same = (str(now.version) if now is not None else "") == judged.version
+        if not same and not (now is not None and now.tags.get(WEIGHTS_TAG) == candidate_sha256):
+            return Promotion(False, (
+                f"not promoted: '{alias}' moved from {judged.label()} to {now_label} while this run was being "
+                f"judged against {judged.label()}; refusing rather than promoting on a stale verdict. Rerun to "
+                f"judge against {now_label}."
+            ))
+        moved: list[tuple[str, str | None]] = []
+        try:
+            for name, v in versions:
+                before = current_version(client, name, alias)
+                client.set_registered_model_alias(name, alias, v)
+                moved.append((name, str(before.version) if before is not None else None))
+        except MlflowException:
+            for name, before in moved:  # all or none: put back what this loop already moved
+                with contextlib.suppress(MlflowException):
+                    if before is None:
+                        client.delete_registered_model_alias(name, alias)
+                    else:
+                        client.set_registered_model_alias(name, alias, before)
+            raise
+    return Promotion(True, f"'{alias}' moved from {judged.label()} to v{version}")

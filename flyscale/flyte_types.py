@@ -1,0 +1,55 @@
+"""flyscale's dataclasses as Flyte types, each with its literal type built once per process.
+
+flytekit describes a dataclass in a task's interface by a JSON schema it builds afresh for every
+interface the type appears in; PipelineConfig and its sections appear in most of the twelve
+tasks, and rebuilding their schemas cost about a second of every `pyflyte run` (and of every task
+pod's start on a cluster). The transformer below is flytekit's own dataclass transformer,
+registered through flytekit's public `TypeEngine.register` for one type at a time, that keeps
+the literal type it built. Everything else (serialising values, reading them back) is unchanged.
+"""
+
+from __future__ import annotations
+
+from flytekit.core.type_engine import DataclassTransformer, TypeEngine
+from flytekit.models.types import LiteralType
+
+
+class SchemaOnceTransformer(DataclassTransformer):
+    """flytekit's DataclassTransformer for exactly one dataclass, building its literal type once."""
+
+    def __init__(self, python_type: type):
+        super().__init__()
+        self._t = python_type  # what TypeEngine files this transformer under
+        self._name = f"{python_type.__qualname__} (dataclass)"
+        self._literal_type: LiteralType | None = None
+
+    def get_literal_type(self, t) -> LiteralType:
+        if t is not self._t:  # an Annotated or generic variant: not ours to remember
+            return super().get_literal_type(t)
+        if self._literal_type is None:
+            self._literal_type = super().get_literal_type(t)
+        return self._literal_type
+
+
+def register(*types: type) -> None:
+    """Register each dataclass with a SchemaOnceTransformer (again is a no-op)."""
+    for t in types:
+        try:
+            TypeEngine.register(SchemaOnceTransformer(t))
+        except ValueError:  # registered already (flytekit refuses a second transformer for a type)
+            pass
+
+
+def register_flyscale_types() -> None:
+    """Every flyscale dataclass that crosses a task boundary."""
+    from flyscale import config, contracts, data, evaluation, gating, preflight, provenance, summary, training
+    from flyscale.champion import ChampionRef
+    from flyscale.tracking import Registration
+
+    register(
+        config.PipelineConfig, config.DataConfig, config.AugmentConfig, config.ModelConfig, config.TrainConfig,
+        config.PreflightConfig, config.GateConfig, config.QuantizeConfig, config.MlflowConfig,
+        contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, data.ValidationReport,
+        evaluation.EvalMetrics, gating.Judgment, ChampionRef, preflight.PreflightReport, provenance.TaskRun,
+        provenance.CacheReport, summary.RunSummary, Registration, training.TrainHistory, training.EpochMetrics,
+    )

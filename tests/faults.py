@@ -1,0 +1,78 @@
+"""A fault-injecting HTTP proxy in front of a real server: requests pass through unchanged
+unless a rule says to answer them with an error instead. Used to make a real MLflow server
+fail in exactly the ways the tests name (5xx on every call, on writes only, on one endpoint)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+from urllib.parse import urlsplit
+
+# (method, path, body) -> True to fail the request
+Rule = Callable[[str, str, bytes], bool]
+
+
+def fail_all(method: str, path: str, body: bytes) -> bool:
+    return True
+
+
+def fail_writes(method: str, path: str, body: bytes) -> bool:
+    return method != "GET"
+
+
+@dataclass
+class FaultProxy:
+    """Serves on 127.0.0.1:<port> and forwards to `upstream`; `rule` may be changed at any time."""
+
+    upstream: str
+    rule: Rule | None = None
+    failed: list[str] = field(default_factory=list)  # "METHOD path" of every request it failed
+
+    def __post_init__(self):
+        proxy = self
+        target = urlsplit(self.upstream)
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _handle(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                rule = proxy.rule
+                if rule is not None and rule(self.command, self.path, body):
+                    proxy.failed.append(f"{self.command} {self.path}")
+                    payload = json.dumps({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "injected fault"}).encode()
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request(self.command, self.path, body=body or None, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for key, value in resp.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

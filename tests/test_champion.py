@@ -1,0 +1,141 @@
+"""The champion read fails closed, the alias moves by compare-and-set, and a failed registration
+leaves the registry as it was. Against a real MLflow server, faults injected by a proxy."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+from mlflow import MlflowClient
+from torch import nn
+
+from flyscale import champion, tracking
+from flyscale.champion import ChampionRef, MlflowUnavailable
+from flyscale.config import MlflowConfig
+from flyscale.contracts import GateVerdict
+from flyscale.evaluation import EvalMetrics
+from flyscale.preflight import PreflightReport
+from flyscale.training import TrainHistory
+from tests.faults import FaultProxy, fail_all
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def name() -> str:
+    return f"m-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def server(mlflow_server, monkeypatch) -> MlflowClient:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    return MlflowClient(mlflow_server)
+
+
+@pytest.fixture
+def proxy(mlflow_server, monkeypatch):
+    p = FaultProxy(mlflow_server)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", p.url)
+    yield p
+    p.close()
+
+
+def _cfg(name: str, **kw) -> MlflowConfig:
+    return MlflowConfig(experiment="champion-tests", model_name=name, retries=1, retry_backoff_s=1, **kw)
+
+
+def _version(client: MlflowClient, name: str, accuracy: float, sha: str, judged: str = "") -> str:
+    """A registered version whose run logged `test_accuracy`, tagged as flyscale tags its own."""
+    mlflow.set_tracking_uri(client.tracking_uri)
+    mlflow.set_experiment("champion-tests")
+    with mlflow.start_run() as run:
+        mlflow.log_metric("test_accuracy", accuracy)
+    if not client.search_registered_models(f"name='{name}'"):
+        client.create_registered_model(name)
+    tags = {champion.WEIGHTS_TAG: sha, champion.JUDGED_TAG: judged, "flyscale.run_id": run.info.run_id}
+    return client.create_model_version(name, f"runs:/{run.info.run_id}/m", run.info.run_id, tags=tags).version
+
+
+def test_no_model_and_no_alias_both_mean_no_champion(server, name):
+    assert tracking.read_baseline(_cfg(name), "sha").version == ""
+    _version(server, name, 0.9, "a")  # a model, but no alias yet
+    assert tracking.read_baseline(_cfg(name), "sha").version == ""
+
+
+def test_an_mlflow_error_is_never_read_as_no_champion(proxy, name):
+    proxy.rule = fail_all
+    start = time.monotonic()
+    with pytest.raises(MlflowUnavailable, match="MLflow failed while reading the 'champion'.*can be retried"):
+        tracking.read_baseline(_cfg(name), "sha")
+    assert proxy.failed and time.monotonic() - start < 60  # bounded retries, not MLflow's four minutes
+
+
+def test_a_refused_connection_is_retryable_too(name, monkeypatch):
+    from tests.conftest import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    with pytest.raises(MlflowUnavailable):
+        tracking.read_baseline(_cfg(name), "sha")
+
+
+def test_a_champion_is_judged_against_what_it_beat_when_it_is_the_candidate(server, name):
+    first = _version(server, name, 0.90, "weights-a")
+    second = _version(server, name, 0.95, "weights-b", judged=first)
+    server.set_registered_model_alias(name, "champion", second)
+    other = tracking.read_baseline(_cfg(name), "weights-c")
+    assert other.version == second and other.metrics["accuracy"] == pytest.approx(0.95)
+    # The candidate with weights-b is the champion itself: it is judged against v1, as it was.
+    itself = tracking.read_baseline(_cfg(name), "weights-b")
+    assert itself.version == first and itself.metrics["accuracy"] == pytest.approx(0.90)
+
+
+def test_the_alias_moves_only_if_it_still_points_at_the_judged_champion(server, name):
+    v1 = _version(server, name, 0.90, "a")
+    v2 = _version(server, name, 0.91, "b")
+    judged = ChampionRef(name, "champion")  # judged when there was no champion
+    moved = champion.promote(server, [(name, v1)], "champion", judged, "a", 10, 600)
+    assert moved.moved and server.get_model_version_by_alias(name, "champion").version == v1
+    # A second candidate judged against "no champion" too: the alias moved meanwhile, so it is refused.
+    refused = champion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600)
+    assert not refused.moved and f"moved from no champion to v{v1}" in refused.reason
+    assert server.get_model_version_by_alias(name, "champion").version == v1
+    # Judged against v1, it moves.
+    assert champion.promote(server, [(name, v2)], "champion", ChampionRef(name, "champion", v1), "b", 10, 600).moved
+
+
+def test_the_promotion_lock_waits_then_says_what_to_do(server, name):
+    v1 = _version(server, name, 0.9, "a")
+    server.create_registered_model(name + champion.LOCK_SUFFIX, tags={"flyscale.acquired_at": str(time.time())})
+    with pytest.raises(MlflowUnavailable, match=r"another run holds .*promotion-lock.*delete that registered model"):
+        champion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 1.0, 600)
+    assert not server.get_registered_model(name).aliases  # nothing moved while it waited
+    # A lock left by a dead run (older than lock_stale_s) is broken, and the promotion goes on.
+    assert champion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 0.5).moved
+    assert not server.search_registered_models(f"name='{name}{champion.LOCK_SUFFIX}'")
+
+
+def _record(judged: ChampionRef) -> tracking.RunRecord:
+    metrics = EvalMetrics(accuracy=0.9, macro_f1=0.9, loss=0.3, n=10, confusion=[[5, 0], [1, 4]], size_bytes=100)
+    return tracking.RunRecord(
+        params={"p": 1}, history=TrainHistory(strategy="ddp", world_size=1), fp32=metrics, int8=metrics,
+        verdicts=[GateVerdict("g", True, "ok")], preflight=PreflightReport.skipped(), quarantined=pd.DataFrame(),
+        validation={"total_rows": 10}, tags={}, judged_against=judged, weights_sha256="w",
+    )
+
+
+def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy, name):
+    def int8_version(method: str, path: str, body: bytes) -> bool:
+        return path.endswith("/model-versions/create") and f'"{name}-int8"'.encode() in body
+
+    proxy.rule = int8_version
+    model = nn.Sequential(nn.Linear(4, 2))
+    with pytest.raises(MlflowUnavailable, match="MLflow failed while registering"):
+        tracking.publish(_record(ChampionRef(name, "champion")), model, model, torch.zeros(2, 4), _cfg(name), "r")
+    assert proxy.failed  # the fault was hit: the fp32 version existed when it struck
+    client = MlflowClient(proxy.upstream)
+    assert client.search_model_versions(f"name='{name}'") == []  # removed again
+    assert not client.get_registered_model(name).aliases

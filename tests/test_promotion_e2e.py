@@ -1,0 +1,134 @@
+"""Promotion on one fact, through real `pyflyte run` against a real MLflow server:
+MLflow failing while gating or registering fails the run retryably with the registry unchanged;
+two runs racing to promote move the alias once; a run after the champion changed re-judges."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+
+import mlflow
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from flyscale import champion
+from tests.conftest import BIN, REPO, free_port, run_pipeline
+from tests.faults import FaultProxy, fail_all, fail_writes
+
+QUICK = {"augment": {"copies": 0}, "train": {"epochs": 4, "batch_size": 64}}
+
+
+def _preset(tmp_path, model_name: str, **sections) -> str:
+    path = tmp_path / f"{uuid.uuid4().hex[:6]}.yaml"
+    cfg = {**QUICK, "mlflow": {"experiment": "promotion", "model_name": model_name, "retries": 1}, **sections}
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _registry(client: MlflowClient, name: str) -> tuple[list[str], dict[str, str]]:
+    """(versions, aliases) of a registered model, empty when it does not exist."""
+    if not client.search_registered_models(f"name='{name}'"):
+        return [], {}
+    versions = sorted(str(v.version) for v in client.search_model_versions(f"name='{name}'"))
+    return versions, dict(client.get_registered_model(name).aliases)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("fault", ["server stopped", "5xx on every call (gating)", "5xx on writes (registering)"])
+def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, mlflow_server, fault):
+    name = f"faults-{uuid.uuid4().hex[:6]}"
+    client = MlflowClient(mlflow_server)
+    proxy = None
+    if fault == "server stopped":
+        uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    else:
+        proxy = FaultProxy(mlflow_server, rule=fail_all if "every" in fault else fail_writes)
+        uri = proxy.url
+    try:
+        proc = run_pipeline(tmp_path, "--cfg", _preset(tmp_path, name), env={"MLFLOW_TRACKING_URI": uri}, timeout=500)
+    finally:
+        if proxy is not None:
+            proxy.close()
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-3000:]
+    stage = "registering" if "writes" in fault else "reading the 'champion'"
+    assert f"MLflow failed while {stage}" in log and "can be retried" in log, log[-4000:]
+    assert "MlflowUnavailable" in log  # a FlyteRecoverableException: Flyte's retries apply
+    assert _registry(client, name) == ([], {})
+
+
+def _start(tmp_path, tag: str, preset: str, uri: str) -> tuple[subprocess.Popen, object]:
+    home = tmp_path / tag
+    home.mkdir()
+    log = open(home / "log.txt", "w")
+    env = {**os.environ, "HOME": str(home), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "400"}
+    proc = subprocess.Popen([str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", "--cfg", preset],
+                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    return proc, home / "log.txt"
+
+
+@pytest.mark.timeout(900)
+def test_two_runs_racing_to_promote_move_the_alias_once(tmp_path, mlflow_server):
+    """Both are judged against "no champion", then meet at the promotion lock (held here until
+    both wait at it): the first moves the alias, the second finds it moved and refuses."""
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    client = MlflowClient(mlflow_server)
+    lock = name + champion.LOCK_SUFFIX
+    client.create_registered_model(lock, tags={"flyscale.acquired_at": str(time.time())})
+    # Different seeds: two different candidates (identical weights would be the same model).
+    runs = [_start(tmp_path, f"run{seed}", _preset(tmp_path, name, data={"seed": seed}, train={**QUICK["train"], "seed": seed}),
+                   mlflow_server) for seed in (1, 2)]
+    try:
+        deadline = time.time() + 600
+        while not all(f"waiting for '{lock}'" in path.read_text() for _, path in runs):
+            assert time.time() < deadline and all(p.poll() is None for p, _ in runs), [p.read_text()[-2000:] for _, p in runs]
+            time.sleep(1)
+        client.delete_registered_model(lock)
+        outs = []
+        for proc, path in runs:
+            proc.wait(timeout=300)
+            outs.append(path.read_text())
+            assert proc.returncode == 0, outs[-1][-4000:]
+    finally:
+        for proc, _ in runs:
+            proc.kill() if proc.poll() is None else None
+    moved = [o for o in outs if "alias 'champion' -> these versions" in o]
+    refused = [o for o in outs if "alias 'champion' NOT moved" in o]
+    assert len(moved) == 1 and len(refused) == 1
+    winner = re.search(r"registered\s+\S+ v(\d+)", moved[0]).group(1)
+    assert f"promotion   not promoted: 'champion' moved from no champion to v{winner}" in refused[0]
+    versions, aliases = _registry(client, name)
+    assert len(versions) == 2 and aliases == {"champion": winner}
+
+
+@pytest.mark.timeout(900)
+def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_path, mlflow_server):
+    name = f"rejudge-{uuid.uuid4().hex[:6]}"
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    preset = _preset(tmp_path, name, gate={"name": "beats_champion"})
+    first = run_pipeline(tmp_path, "--cfg", preset, env=env)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "beats_champion: PASSED (no champion yet" in first.stdout
+
+    # Someone else's model takes the alias: a better one, from another run.
+    client = MlflowClient(mlflow_server)
+    mlflow.set_tracking_uri(mlflow_server)
+    mlflow.set_experiment("promotion")
+    with mlflow.start_run() as other:
+        mlflow.log_metrics({"test_accuracy": 0.999, "test_macro_f1": 0.999})
+    better = client.create_model_version(name, f"runs:/{other.info.run_id}/m", other.info.run_id,
+                                         tags={"flyscale.run_id": other.info.run_id})
+    client.set_registered_model_alias(name, "champion", better.version)
+
+    again = run_pipeline(tmp_path, "--cfg", preset, env=env)
+    log = again.stdout + again.stderr
+    assert again.returncode == 0, log[-4000:]
+    # Training was not repeated, but the verdict was: against the new champion, not replayed.
+    assert "cache       ran register_model; from the cache: load_data" in again.stdout, again.stdout[-3000:]
+    assert "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
+    assert f"judged      against v{better.version}" in again.stdout
+    assert client.get_registered_model(name).aliases == {"champion": better.version}
