@@ -9,6 +9,8 @@ across releases, whatever moves inside flyscale.
 """
 
 from flyscale.contracts import (
+    SOURCE_FILE,
+    SOURCE_ROW,
     AugmentationPlugin,
     DatasetInfo,
     DatasetPlugin,
@@ -23,7 +25,7 @@ from flyscale.schemas import default_row_schema
 from flyscale.training import TrainData, TrainResult
 
 __all__ = [
-    "DatasetInfo", "GateVerdict", "default_row_schema",
+    "DatasetInfo", "GateVerdict", "default_row_schema", "SOURCE_FILE", "SOURCE_ROW",
     "DatasetPlugin", "ModelPlugin", "AugmentationPlugin", "StrategyPlugin", "QuantizerPlugin", "GatePlugin",
     "DistContext", "TrainData", "TrainResult",
 ]

@@ -113,12 +113,20 @@ class DataConfig(_Section):
     test_fraction: float = 0.2
     seed: int = 0
     max_quarantine_fraction: float = 0.05  # more bad rows than this fails validation
+    # Drift (PSI per feature and for the labels) against the reference is always measured and
+    # reported; above this it fails the run (0: report only). 0.25 is the usual "significant shift".
+    max_drift_psi: float = 0.0
+    # A reference profile (JSON, as flyscale records it with each model) to validate against
+    # instead of the champion's; empty: the champion's, when there is one.
+    reference: str = ""
 
     def __post_init__(self):
         self.plugin  # noqa: B018 (resolving is the validation: an unknown name or bad option fails here)
         _fraction(self, "val_fraction", lo=0.01, hi=0.5)
         _fraction(self, "test_fraction", lo=0.01, hi=0.5)
         _fraction(self, "max_quarantine_fraction")
+        if self.max_drift_psi < 0:
+            raise ValueError(f"data.max_drift_psi must be >= 0 (0 = report only), got {self.max_drift_psi}")
 
     @property
     def plugin(self) -> Resolved:

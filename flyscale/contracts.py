@@ -36,6 +36,16 @@ class DatasetInfo:
     label_column: str = "label"
     # {column: [min, max]} the dataset guarantees; augmented rows are clipped back inside them.
     feature_ranges: dict[str, list[float]] = field(default_factory=dict)
+    feature_dtypes: dict[str, str] = field(default_factory=dict)  # {column: type as stored}, where known
+    # What the dataset inferred from the data instead of being told ("features", "num_classes"):
+    # flyscale pins it with the model and holds later batches to it.
+    inferred: list[str] = field(default_factory=list)
+
+
+# Columns a dataset's load() may add to say where each row came from; flyscale keeps them out of
+# the checks and puts them beside every quarantined row.
+SOURCE_FILE = "_source_file"
+SOURCE_ROW = "_source_row"
 
 
 @dataclass
@@ -146,13 +156,17 @@ def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
     """Any object with DatasetInfo's fields, as a DatasetInfo; `where` names the plugin."""
     if isinstance(obj, DatasetInfo):
         return obj
-    names = ("name", "num_classes", "input_shape", "feature_columns", "label_column", "feature_ranges")
-    f = _fields(obj, names, f"{where}: info()", {"label_column": "label", "feature_ranges": {}})
+    names = ("name", "num_classes", "input_shape", "feature_columns", "label_column", "feature_ranges",
+             "feature_dtypes", "inferred")
+    defaults = {"label_column": "label", "feature_ranges": {}, "feature_dtypes": {}, "inferred": []}
+    f = _fields(obj, names, f"{where}: info()", defaults)
     try:
         return DatasetInfo(
             name=str(f["name"]), num_classes=int(f["num_classes"]), input_shape=[int(d) for d in f["input_shape"]],
             feature_columns=[str(c) for c in f["feature_columns"]], label_column=str(f["label_column"]),
             feature_ranges={str(k): [float(lo), float(hi)] for k, (lo, hi) in dict(f["feature_ranges"]).items()},
+            feature_dtypes={str(k): str(v) for k, v in dict(f["feature_dtypes"]).items()},
+            inferred=[str(v) for v in f["inferred"]],
         )
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{where}: info() returned fields of the wrong type: {exc}") from exc

@@ -1,4 +1,5 @@
-"""Data preparation as plain functions on DataFrames: validate with quarantine, split, augment."""
+"""Data preparation as plain functions on DataFrames: fingerprint, load, split, augment
+(validation with quarantine is flyscale/validation.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pandera.pandas as pa
 import torch
 
 from flyscale.config import AugmentConfig, DataConfig
 from flyscale.contracts import DatasetInfo, as_dataset_info
-from flyscale.schemas import default_row_schema
 from flyscale.training import TrainData
 
 log = logging.getLogger(__name__)
@@ -54,15 +53,6 @@ def content_fingerprint(frame: pd.DataFrame, cfg: DataConfig) -> DataFingerprint
     return DataFingerprint(cfg.dataset, frame_hash(frame), f"dataset {cfg.dataset!r}: content of {len(frame)} loaded rows")
 
 
-@dataclass
-class ValidationReport:
-    """Counts a person reads in the summary and MLflow."""
-
-    total_rows: int
-    valid_rows: int
-    quarantined_rows: int
-
-
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
     """Load the configured dataset and its shape facts (converted from whatever the plugin returns)."""
     r = cfg.plugin
@@ -70,63 +60,6 @@ def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
     if not isinstance(frame, pd.DataFrame):
         raise TypeError(f"dataset {cfg.dataset!r}: load() returned {type(frame).__name__}, expected a pandas DataFrame")
     return frame.reset_index(drop=True), as_dataset_info(r.plugin.info(r.options), f"dataset {cfg.dataset!r}")
-
-
-def row_schema(cfg: DataConfig, info: DatasetInfo) -> pa.DataFrameSchema:
-    """The dataset's own row schema, or the one its info implies when it declares none."""
-    r = cfg.plugin
-    if not hasattr(r.plugin, "row_schema"):
-        return default_row_schema(info)
-    schema = r.plugin.row_schema(r.options)
-    if not isinstance(schema, pa.DataFrameSchema):
-        raise TypeError(f"dataset {cfg.dataset!r}: row_schema() returned {type(schema).__name__}, "
-                        "expected a pandera DataFrameSchema")
-    return schema
-
-
-def validate(
-    frame: pd.DataFrame, cfg: DataConfig, info: DatasetInfo
-) -> tuple[pd.DataFrame, pd.DataFrame, ValidationReport]:
-    """Split rows into (valid, quarantined-with-reasons) using the dataset's row schema.
-
-    Schema-level problems (a missing or extra column) cannot be fixed by dropping rows, so they
-    fail at once; row-level failures are quarantined, and too many of them fail the run.
-    """
-    schema = row_schema(cfg, info)
-    try:
-        valid = schema.validate(frame, lazy=True)
-        bad = pd.DataFrame({"row": pd.Series(dtype="int64"), "reason": pd.Series(dtype="str")})
-    except pa.errors.SchemaErrors as exc:
-        cases = exc.failure_cases
-        row_level = cases[cases["index"].notna()]
-        schema_level = cases[cases["index"].isna()]
-        if len(schema_level):
-            problems = "; ".join(
-                f"{r.column or 'dataframe'}: {r.check} ({r.failure_case})" for r in schema_level.itertuples()
-            )
-            raise ValueError(f"dataset {cfg.dataset!r} does not match its schema: {problems}") from None
-        reasons = (
-            row_level.assign(
-                row=row_level["index"].astype("int64"),
-                reason=row_level["column"].astype(str) + ": " + row_level["check"].astype(str)
-                + " (got " + row_level["failure_case"].astype(str) + ")",
-            )
-            .groupby("row")["reason"]
-            .apply(lambda r: "; ".join(sorted(set(r))))
-            .reset_index()
-        )
-        bad = reasons
-        valid = schema.validate(frame.drop(index=reasons["row"]), lazy=False)
-    report = ValidationReport(len(frame), len(valid), len(bad))
-    if report.quarantined_rows > cfg.max_quarantine_fraction * report.total_rows:
-        raise ValueError(
-            f"{report.quarantined_rows} of {report.total_rows} rows failed validation, more than "
-            f"data.max_quarantine_fraction={cfg.max_quarantine_fraction}; first reasons: "
-            + " | ".join(bad["reason"].head(3))
-        )
-    if report.quarantined_rows:
-        log.warning("quarantined %d of %d rows", report.quarantined_rows, report.total_rows)
-    return valid.reset_index(drop=True), bad, report
 
 
 def split(frame: pd.DataFrame, cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

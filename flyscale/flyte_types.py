@@ -42,14 +42,26 @@ def register(*types: type) -> None:
 
 def register_flyscale_types() -> None:
     """Every flyscale dataclass that crosses a task boundary."""
-    from flyscale import config, contracts, data, evaluation, gating, preflight, provenance, summary, training
+    from flyscale import (
+        config,
+        contracts,
+        data,
+        evaluation,
+        gating,
+        preflight,
+        provenance,
+        summary,
+        training,
+        validation,
+    )
     from flyscale.champion import ChampionRef
     from flyscale.tracking import Registration
 
     register(
         config.PipelineConfig, config.DataConfig, config.AugmentConfig, config.ModelConfig, config.TrainConfig,
         config.PreflightConfig, config.GateConfig, config.QuantizeConfig, config.MlflowConfig,
-        contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, data.ValidationReport,
+        contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, validation.ValidationReport,
+        validation.Reference, validation.PinnedSchema, validation.Profile, validation.FeatureProfile,
         evaluation.EvalMetrics, gating.Judgment, ChampionRef, preflight.PreflightReport, provenance.TaskRun,
         provenance.CacheReport, summary.RunSummary, Registration, training.TrainHistory, training.EpochMetrics,
     )

@@ -10,20 +10,22 @@ from pandas import DataFrame
 from flyscale import artifacts, tracking
 from flyscale.config import PipelineConfig, flatten
 from flyscale.contracts import DatasetInfo, GateVerdict
-from flyscale.data import DataFingerprint, ValidationReport
+from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import CacheReport, TaskRun
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
+from flyscale.validation import Profile, ValidationReport, reference_json
 
-ALWAYS_RUN = ["fingerprint_data", "gate_model", "summarize"]  # never cached: they read live state
+ALWAYS_RUN = ["fingerprint_data", "read_reference", "gate_model", "summarize"]  # never cached: they read live state
 
 
 def register(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
-    quarantined: DataFrame, history: TrainHistory, preflight: PreflightReport, weights_path: str, fp32: EvalMetrics,
+    quarantined: DataFrame, profile: Profile, report_dir: str, history: TrainHistory, preflight: PreflightReport,
+    weights_path: str, fp32: EvalMetrics,
     judgment: Judgment, int8_weights_path: str, int8: EvalMetrics, int8_gate: GateVerdict,
     runs: list[TaskRun], started: TaskRun,
 ) -> RunSummary:
@@ -42,8 +44,7 @@ def register(
         verdicts=verdicts,
         preflight=preflight,
         quarantined=quarantined,
-        validation={"total_rows": report.total_rows, "valid_rows": report.valid_rows,
-                    "quarantined_rows": report.quarantined_rows},
+        validation=report,
         tags={
             "flyscale.dataset": info.name,
             "flyscale.model": cfg.model.name,
@@ -55,6 +56,9 @@ def register(
         },
         judged_against=judgment.champion,
         weights_sha256=fp32.weights_sha256,
+        data_sha256=fingerprint.value,
+        reference_json=reference_json(info, profile),
+        validation_dir=report_dir,
     )
     example = torch.zeros(2, len(info.feature_columns))
     registration = tracking.publish(record, model, qmodel, example, cfg.mlflow, run_name=f"{cfg.model.name}-{history.strategy}")

@@ -22,7 +22,7 @@ def default_row_schema(info: DatasetInfo) -> pa.DataFrameSchema:
     Features: numbers, present, finite, inside `feature_ranges` where declared. Label: a whole
     number in [0, num_classes). No other column. Each failing row goes to quarantine.
     """
-    finite = pa.Check(lambda s: np.isfinite(s.astype("float64")), name="finite", error="value must be finite")
+    finite = pa.Check(lambda s: np.isfinite(s.astype("float64")), name="finite")
     columns = {}
     for name in info.feature_columns:
         checks = [finite]
@@ -61,9 +61,11 @@ class LabeledFrame(pa.DataFrameModel):
 
 
 class QuarantineFrame(pa.DataFrameModel):
-    """Rejected rows, kept with why they were rejected (never silently dropped)."""
+    """Rejected rows as they came in, with where they came from and why (never silently dropped)."""
 
     row: Series[int] = pa.Field(ge=0)  # index of the row in the loaded dataset
+    source_file: Series[str]  # the file (or the dataset's name) the row came from
+    source_row: Series[int] = pa.Field(ge=0)  # its row number in that file
     reason: Series[str]
 
     class Config:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flyscale.contracts import GateVerdict
-from flyscale.data import DataFingerprint, ValidationReport
+from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import CacheReport
 from flyscale.tracking import Registration
+from flyscale.validation import ValidationReport
 
 
 def _ui_command(uri: str) -> str:
@@ -36,7 +37,10 @@ class RunSummary:
         lines = [
             "",
             "flyscale run summary",
-            f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined",
+            f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined"
+            + (f" ({', '.join(f'{k}: {n}' for k, n in sorted(v.checks.items(), key=lambda kv: -kv[1])[:3])})" if v.checks else ""),
+            f"  reference   {v.reference or 'none yet (the first model of this name)'}" + (
+                f"; drift max PSI {max(v.drift.values()):.3f} ({max(v.drift, key=v.drift.get)})" if v.drift else ""),
             f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
             f"  fp32        test accuracy {self.fp32.accuracy:.4f}  macro-F1 {self.fp32.macro_f1:.4f}  "
             f"size {self.fp32.size_bytes / 1024:.1f} KiB",

@@ -28,10 +28,13 @@ from flyscale.contracts import GateVerdict
 from flyscale.evaluation import EvalMetrics, plot_confusion
 from flyscale.preflight import PreflightReport
 from flyscale.training import TrainHistory
+from flyscale.validation import Reference, ValidationReport, load_reference
 
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE = "mlflow.db"
+DATA_TAG = "flyscale.data_sha256"  # on each version: the content fingerprint of the data it was trained on
+REFERENCE_TAG = "flyscale.reference_version"  # on each version: the version whose reference its data met
 
 
 def tracking_uri() -> str:
@@ -67,10 +70,13 @@ class RunRecord:
     verdicts: list[GateVerdict]
     preflight: PreflightReport
     quarantined: pd.DataFrame  # rejected rows and why: kept with the run, never dropped silently
-    validation: dict[str, int]
+    validation: ValidationReport
     tags: dict[str, str]
     judged_against: ChampionRef = field(default_factory=lambda: ChampionRef("", ""))
     weights_sha256: str = ""
+    data_sha256: str = ""  # the content fingerprint of the data trained on
+    reference_json: str = ""  # this data's pinned schema and profile: the reference for later batches
+    validation_dir: str = ""  # the validation report (HTML and its plot), logged as it is
 
 
 @contextlib.contextmanager
@@ -101,6 +107,50 @@ def read_baseline(cfg: MlflowConfig, candidate_sha256: str) -> ChampionRef:
         return champion.baseline(MlflowClient(tracking_uri()), cfg.model_name, cfg.alias, candidate_sha256)
 
 
+def _version_of(source: str) -> str:
+    """'v3' -> '3' (a reference from a champion); anything else -> ''."""
+    head = source.split(" ")[0]
+    return head[1:] if head.startswith("v") and head[1:].isdigit() else ""
+
+
+def read_reference(cfg: MlflowConfig, reference_file: str, data_sha256: str) -> Reference:
+    """What new data is validated against: `reference_file` if given, else the reference recorded
+    with the champion (fails closed like the champion read). A champion trained on these very
+    bytes is held to what it was itself validated against, so a rerun replays its validation."""
+    if reference_file:
+        path = Path(reference_file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"data.reference {reference_file!r} does not exist")
+        return load_reference(path.read_text(), str(path))
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    with client_settings(cfg), champion.mlflow_errors(f"reading the data reference of {cfg.model_name!r}"):
+        client = MlflowClient(tracking_uri())
+        version = champion.current_version(client, cfg.model_name, cfg.alias)
+        if version is not None and version.tags.get(DATA_TAG) == data_sha256:
+            against = version.tags.get(REFERENCE_TAG, "")
+            try:
+                version = client.get_model_version(cfg.model_name, against) if against else None
+            except MlflowException as exc:
+                if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                version = None
+        if version is None:
+            return Reference()
+        run_id = version.tags.get("flyscale.run_id") or version.run_id
+        if "data/reference.json" not in {a.path for a in client.list_artifacts(run_id, "data")}:
+            return Reference(source=f"v{version.version} (which recorded no reference)")
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(client.download_artifacts(run_id, "data/reference.json", tmp)).read_text()
+        return load_reference(text, f"v{version.version}")
+
+
+def _metric_name(text: str) -> str:
+    """MLflow names allow letters, digits and _-./ and spaces only."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in text)
+
+
 def _pip_requirements() -> list[str]:
     # Naming them skips MLflow's slow requirement inference; the +cpu label is not on PyPI.
     return [f"torch=={torch.__version__.split('+')[0]}"]
@@ -120,8 +170,14 @@ def _log_run(record: RunRecord, passed: bool) -> None:
         **record.fp32.scalars("test_"),
         **record.int8.scalars("int8_test_"),
         "int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy,
-        **{f"validation_{k}": float(v) for k, v in record.validation.items()},
+        "validation_total_rows": record.validation.total_rows,
+        "validation_valid_rows": record.validation.valid_rows,
+        "validation_quarantined_rows": record.validation.quarantined_rows,
+        **{f"drift_psi_{_metric_name(k)}": v for k, v in record.validation.drift.items()},
     })
+    mlflow.set_tag("flyscale.data_reference", record.validation.reference or "none")
+    for check, rows in record.validation.checks.items():
+        mlflow.set_tag(f"validation.{_metric_name(check)}", str(rows))
     if record.preflight.steps:
         mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
         mlflow.set_tag(
@@ -132,9 +188,13 @@ def _log_run(record: RunRecord, passed: bool) -> None:
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
     with tempfile.TemporaryDirectory() as tmp:
-        if len(record.quarantined):
-            record.quarantined.to_csv(f"{tmp}/quarantine.csv", index=False)
-            mlflow.log_artifact(f"{tmp}/quarantine.csv", artifact_path="data")
+        # Every rejected row, as it came in, with its file, its row in the file and the reason.
+        record.quarantined.to_parquet(f"{tmp}/quarantine.parquet", index=False)
+        mlflow.log_artifact(f"{tmp}/quarantine.parquet", artifact_path="data")
+        Path(f"{tmp}/reference.json").write_text(record.reference_json)
+        mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
+        if record.validation_dir:
+            mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
         for label, metrics in (("fp32", record.fp32), ("int8", record.int8)):
             png = plot_confusion(metrics.confusion, f"{label} test confusion", f"{tmp}/confusion_{label}.png")
             mlflow.log_artifact(png, artifact_path="plots")
@@ -179,6 +239,7 @@ def _publish(record, fp32_model, int8_model, example, cfg: MlflowConfig, run_nam
             tags = {
                 "flyscale.gates": "passed" if passed else "failed", "flyscale.run_id": run.info.run_id,
                 champion.WEIGHTS_TAG: record.weights_sha256, champion.JUDGED_TAG: record.judged_against.version,
+                DATA_TAG: record.data_sha256, REFERENCE_TAG: _version_of(record.validation.reference),
             }
             for name, info in zip(names, infos):
                 version = mlflow.register_model(info.model_uri, name, tags=tags)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, NamedTuple
 
 import pandas as pd
-from flytekit import HashMethod, task
+from flytekit import Deck, HashMethod, task
+from flytekit.types.directory import FlyteDirectory
 from pandera.typing import DataFrame
 
-from flyscale import data
-from flyscale.caching import code_cache
-from flyscale.config import AugmentConfig, DataConfig
+from flyscale import data, tracking, validation, validation_report
+from flyscale.caching import LIBRARIES, code_cache
+from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
 from flyscale.contracts import DatasetInfo
-from flyscale.data import DataFingerprint, ValidationReport
+from flyscale.data import DataFingerprint
 from flyscale.provenance import TaskRun
 from flyscale.schemas import LabeledFrame, QuarantineFrame
+from flyscale.validation import Profile, Reference, ValidationReport
 from tasks.common import IMAGE, SMALL
 
 Fingerprinted = NamedTuple("Fingerprinted", [("fingerprint", DataFingerprint), ("run", TaskRun)])
@@ -24,10 +27,13 @@ Loaded = NamedTuple(
     [("raw", Annotated[pd.DataFrame, HashMethod(data.frame_hash)]), ("info", DatasetInfo), ("content", DataFingerprint),
      ("run", TaskRun)],
 )
+# The clean rows are keyed by content downstream: re-validated against a new reference, the same
+# rows re-run nothing after them (no retraining because the champion changed).
 Validated = NamedTuple(
     "Validated",
-    [("clean", DataFrame[LabeledFrame]), ("quarantined", DataFrame[QuarantineFrame]), ("report", ValidationReport),
-     ("run", TaskRun)],
+    [("clean", Annotated[DataFrame[LabeledFrame], HashMethod(data.frame_hash)]),
+     ("quarantined", DataFrame[QuarantineFrame]), ("report", ValidationReport),
+     ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("run", TaskRun)],
 )
 Splits = NamedTuple(
     "Splits",
@@ -55,12 +61,23 @@ def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
     return Loaded(raw=raw, info=info, content=data.content_fingerprint(raw, cfg), run=run.done())
 
 
-@task(cache=code_cache("datasets"), container_image=IMAGE, requests=SMALL)
-def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig) -> Validated:
+# Never cached: it reads the champion as it is now (or a reference file), like the gate.
+@task(cache=False, container_image=IMAGE, requests=SMALL)
+def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprint) -> Reference:
+    """The reference the data is validated against: the champion's pinned schema and data profile."""
+    return tracking.read_reference(store, cfg.reference, content.value)
+
+
+@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
+      enable_deck=True)
+def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, reference: Reference) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
     run = TaskRun.start("validate_data")
-    clean, bad, report = data.validate(raw, cfg, info)
-    return Validated(clean=clean, quarantined=bad, report=report, run=run.done())
+    clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
+    profile = validation.profile(clean, pinned)
+    files = validation_report.write(report, bad, clean, pinned, profile, reference)
+    Deck("Data validation", (Path(files) / "validation.html").read_text())
+    return Validated(clean, bad, report, pinned, profile, FlyteDirectory(files), run.done())
 
 
 @task(cache=code_cache(), container_image=IMAGE, requests=SMALL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from flytekit import task
+from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 from pandera.typing import DataFrame
 
@@ -13,7 +14,7 @@ from flyscale import registration, tracking
 from flyscale.caching import LIBRARIES, code_cache
 from flyscale.config import PipelineConfig
 from flyscale.contracts import DatasetInfo, GateVerdict
-from flyscale.data import DataFingerprint, ValidationReport
+from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
 from flyscale.preflight import PreflightReport
@@ -21,6 +22,7 @@ from flyscale.provenance import CacheReport, TaskRun
 from flyscale.schemas import QuarantineFrame
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
+from flyscale.validation import Profile, ValidationReport
 from tasks.common import IMAGE, SMALL
 
 Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)])
@@ -38,15 +40,16 @@ Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)
 )
 def register_model(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
-    quarantined: DataFrame[QuarantineFrame], history: TrainHistory, preflight: PreflightReport, weights: FlyteFile,
+    quarantined: DataFrame[QuarantineFrame], profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
+    preflight: PreflightReport, weights: FlyteFile,
     fp32: EvalMetrics, judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, int8_gate: GateVerdict,
     runs: list[TaskRun], started: TaskRun,
 ) -> Registered:
     """Log everything to MLflow; move the alias only if every gate passed (compare-and-set)."""
     run = TaskRun.start("register_model")
     summary = registration.register(
-        cfg, info, fingerprint, report, quarantined, history, preflight, weights.download(), fp32, judgment,
-        int8_weights.download(), int8, int8_gate, runs, started,
+        cfg, info, fingerprint, report, quarantined, profile, report_files.download(), history, preflight,
+        weights.download(), fp32, judgment, int8_weights.download(), int8, int8_gate, runs, started,
     )
     return Registered(summary=summary, run=run.done())
 

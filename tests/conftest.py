@@ -74,6 +74,23 @@ def moto_endpoint(tmp_path_factory):
         yield url
 
 
+@pytest.fixture
+def s3(moto_endpoint, monkeypatch):
+    """A boto3 client on the moto server and a fresh bucket, with the AWS environment flyscale reads."""
+    import boto3
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = boto3.client("s3")
+    bucket = f"flyscale-{time.monotonic_ns()}"  # fresh bucket per test: nothing leaks between tests
+    client.create_bucket(Bucket=bucket)
+    return client, bucket
+
+
 def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """`pyflyte run workflows/train.py training_pipeline ARGS` from the repo root, as a user types it.
 

@@ -40,8 +40,20 @@ class FaultProxy:
             def log_message(self, *args):  # quiet
                 pass
 
+            def _body(self) -> bytes:
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                        if size == 0:
+                            self.rfile.readline()  # the blank line after the last chunk
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
             def _handle(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self._body()
                 rule = proxy.rule
                 if rule is not None and rule(self.command, self.path, body):
                     proxy.failed.append(f"{self.command} {self.path}")
@@ -53,8 +65,10 @@ class FaultProxy:
                     self.wfile.write(payload)
                     return
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                conn.request(self.command, self.path, body=body or None, headers=headers)
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in ("host", "connection", "transfer-encoding", "content-length")}
+                headers["Content-Length"] = str(len(body))
+                conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)
@@ -64,6 +78,26 @@ class FaultProxy:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                conn.close()
+
+            def do_HEAD(self):
+                rule = proxy.rule
+                if rule is not None and rule("HEAD", self.path, b""):
+                    proxy.failed.append(f"HEAD {self.path}")
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                conn.request("HEAD", self.path, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                self.send_response(resp.status)
+                for key, value in resp.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection"):
+                        self.send_header(key, value)
+                self.end_headers()
                 conn.close()
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle

@@ -20,6 +20,7 @@ from flyscale.contracts import GateVerdict
 from flyscale.evaluation import EvalMetrics
 from flyscale.preflight import PreflightReport
 from flyscale.training import TrainHistory
+from flyscale.validation import ValidationReport
 from tests.faults import FaultProxy, fail_all
 
 pytestmark = pytest.mark.timeout(300)
@@ -123,7 +124,7 @@ def _record(judged: ChampionRef) -> tracking.RunRecord:
     return tracking.RunRecord(
         params={"p": 1}, history=TrainHistory(strategy="ddp", world_size=1), fp32=metrics, int8=metrics,
         verdicts=[GateVerdict("g", True, "ok")], preflight=PreflightReport.skipped(), quarantined=pd.DataFrame(),
-        validation={"total_rows": 10}, tags={}, judged_against=judged, weights_sha256="w",
+        validation=ValidationReport(10, 10, 0), tags={}, judged_against=judged, weights_sha256="w",
     )
 
 
@@ -139,3 +140,32 @@ def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy,
     client = MlflowClient(proxy.upstream)
     assert client.search_model_versions(f"name='{name}'") == []  # removed again
     assert not client.get_registered_model(name).aliases
+
+
+def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_this_data(server, name):
+    from flyscale import validation
+    from flyscale.contracts import DatasetInfo
+
+    info = DatasetInfo("t", 2, [2], ["a", "b"], feature_dtypes={"a": "double", "b": "double"}, inferred=["features"])
+    frame = pd.DataFrame({"a": [0.1, 0.5, 0.9, 0.3], "b": [1.0, 2.0, 3.0, 4.0], "label": [0, 1, 0, 1]})
+    mlflow.set_tracking_uri(server.tracking_uri)
+    mlflow.set_experiment("champion-tests")
+    with mlflow.start_run() as run:
+        mlflow.log_text(validation.reference_json(info, validation.profile(frame, info)), "data/reference.json")
+    server.create_registered_model(name)
+    version = server.create_model_version(
+        name, f"runs:/{run.info.run_id}/m", run.info.run_id,
+        tags={"flyscale.run_id": run.info.run_id, tracking.DATA_TAG: "data-a", tracking.REFERENCE_TAG: ""},
+    ).version
+    assert tracking.read_reference(_cfg(name), "", "data-b").source == ""  # no champion yet
+    server.set_registered_model_alias(name, "champion", version)
+    other = tracking.read_reference(_cfg(name), "", "data-b")  # new data: held to the champion's
+    assert other.source == f"v{version}" and other.schema.features == ["a", "b"] and other.profile.rows == 4
+    # The champion's own data: held to what the champion itself met (here nothing), so a rerun replays.
+    assert tracking.read_reference(_cfg(name), "", "data-a").source == ""
+
+
+def test_reading_the_reference_fails_closed(proxy, name):
+    proxy.rule = fail_all
+    with pytest.raises(MlflowUnavailable, match="reading the data reference"):
+        tracking.read_reference(_cfg(name), "", "sha")

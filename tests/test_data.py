@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flyscale import data
+from flyscale import data, validation
 from flyscale.config import AugmentConfig, DataConfig
 from flyscale.schemas import LabeledFrame
 
@@ -26,7 +26,7 @@ def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(digits):
     frame.loc[3, "pixel_5"] = 99.0
     frame.loc[10, "label"] = 12
     frame.loc[11, "pixel_0"] = np.nan
-    clean, bad, report = data.validate(frame, DataConfig(), digits[1])
+    clean, bad, report, _ = validation.validate(frame, DataConfig(), digits[1])
     assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (1797, 1794, 3)
     reasons = dict(zip(bad["row"], bad["reason"]))
     assert set(reasons) == {3, 10, 11}
@@ -43,13 +43,13 @@ def test_too_many_bad_rows_fail_with_reasons(digits):
     frame = digits[0].copy()
     frame.loc[:200, "pixel_7"] = -1.0
     with pytest.raises(ValueError, match=r"201 of 1797 rows failed validation.*pixel_7"):
-        data.validate(frame, DataConfig(), digits[1])
+        validation.validate(frame, DataConfig(), digits[1])
 
 
 def test_missing_column_is_a_schema_error_naming_it(digits):
     frame = digits[0].drop(columns=["pixel_9"])
     with pytest.raises(ValueError, match="pixel_9"):
-        data.validate(frame, DataConfig(), digits[1])
+        validation.validate(frame, DataConfig(), digits[1])
 
 
 def test_split_is_stratified_seeded_and_disjoint(digits):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import boto3
+import pandas as pd
 import pytest
 import yaml
 from mlflow import MlflowClient
@@ -53,8 +54,10 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
     assert run.data.tags["flyscale.dataset"] == "parquet:s3://features/digits/v1"
     assert run.data.metrics["validation_quarantined_rows"] == 1
     assert run.data.metrics["test_accuracy"] >= 0.95
-    # The rejected row travels with the run, with its reason.
-    csv = MlflowClient(uri).download_artifacts(run_id, "data/quarantine.csv", str(tmp_path))
-    lines = open(csv).read().splitlines()
-    assert lines[0] == "row,reason" and len(lines) == 2
-    assert lines[1].startswith("7,") and "pixel_12" in lines[1] and "99" in lines[1]
+    # The rejected row travels with the run: its values, its file and row there, and the reason.
+    path = MlflowClient(uri).download_artifacts(run_id, "data/quarantine.parquet", str(tmp_path))
+    (row,) = pd.read_parquet(path).itertuples()
+    assert (row.row, row.source_file, row.source_row) == (7, "s3://features/digits/v1/part-0.parquet", 7)
+    assert "pixel_12: in_range" in row.reason and "99" in row.reason and row.pixel_12 == 99.0
+    report = MlflowClient(uri).download_artifacts(run_id, "data/validation/validation.html", str(tmp_path))
+    assert "Quarantined rows per check" in open(report).read()

@@ -55,7 +55,8 @@ def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, ml
             proxy.close()
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log[-3000:]
-    stage = "registering" if "writes" in fault else "reading the 'champion'"
+    # Reads fail closed wherever MLflow is first met (the data reference, then the gate's champion).
+    stage = "registering" if "writes" in fault else "reading the"
     assert f"MLflow failed while {stage}" in log and "can be retried" in log, log[-4000:]
     assert "MlflowUnavailable" in log  # a FlyteRecoverableException: Flyte's retries apply
     assert _registry(client, name) == ([], {})
@@ -127,8 +128,10 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     again = run_pipeline(tmp_path, "--cfg", preset, env=env)
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-4000:]
-    # Training was not repeated, but the verdict was: against the new champion, not replayed.
-    assert "cache       ran register_model; from the cache: load_data" in again.stdout, again.stdout[-3000:]
+    # Training was not repeated, but the judgment was: against the new champion, not replayed (and the
+    # data was validated again, against the new champion's reference; the same rows re-ran nothing).
+    assert "cache       ran validate_data, register_model; from the cache: load_data, split_data" in again.stdout, \
+        again.stdout[-3000:]
     assert "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
     assert f"judged      against v{better.version}" in again.stdout
     assert client.get_registered_model(name).aliases == {"champion": better.version}

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from torch import nn
 
-from flyscale import data, gating, registry
+from flyscale import data, gating, registry, validation
 from flyscale.api import DatasetInfo, GateVerdict
 from flyscale.champion import ChampionRef
 from flyscale.config import AugmentConfig, DataConfig, GateConfig, ModelConfig, PipelineConfig, flatten
@@ -114,7 +114,7 @@ def test_a_dataset_may_leave_out_row_schema_but_not_load(register):
     frame, info = data.load(cfg)
     assert info == DatasetInfo("tab", 2, [2], ["a", "b"], feature_ranges={"b": [0.0, 5.0]})
     # Without a row schema of its own, rows are checked against what its info declares.
-    clean, bad, _ = data.validate(frame, cfg, info)
+    clean, bad, _, _ = validation.validate(frame, cfg, info)
     assert len(clean) == 2 and bad["row"].tolist() == [2, 3]
     assert "a: finite" in bad["reason"][0] or "a: not_nullable" in bad["reason"][0]
     assert "b: in_range" in bad["reason"][1] and "label: class in [0, 2)" in bad["reason"][1]

@@ -12,7 +12,7 @@ from flytekit import workflow
 
 from flyscale.config import PipelineConfig
 from flyscale.summary import RunSummary
-from tasks.data import augment_data, fingerprint_data, load_data, split_data, validate_data
+from tasks.data import augment_data, fingerprint_data, load_data, read_reference, split_data, validate_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
 from tasks.preflight import preflight_check
 from tasks.register import register_model, summarize
@@ -21,11 +21,15 @@ from tasks.train import train_model
 
 @workflow
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
-    """fingerprint -> load -> validate -> split -> augment -> preflight -> train -> evaluate -> gate
+    """fingerprint -> load -> reference -> validate -> split -> augment -> preflight -> train -> evaluate -> gate
     -> quantize -> register -> summarize."""
     fingerprint, started = fingerprint_data(cfg=cfg.data)
-    raw, info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
-    clean, quarantined, report, validate_ran = validate_data(raw=raw, info=info, cfg=cfg.data)
+    raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
+    reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
+    # `info` as validation held it to the reference (pinned classes); every later stage uses it.
+    clean, quarantined, report, info, profile, report_files, validate_ran = validate_data(
+        raw=raw, info=loaded_info, cfg=cfg.data, reference=reference
+    )
     train, val, test, split_ran = split_data(clean=clean, cfg=cfg.data)
     augmented, augment_ran = augment_data(train=train, info=info, cfg=cfg.augment)
     checked, preflight_ran = preflight_check(
@@ -41,7 +45,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     )
     ran = [load_ran, validate_ran, split_ran, augment_ran, preflight_ran, train_ran, evaluate_ran, quantize_ran]
     summary, register_ran = register_model(
-        cfg=cfg, info=info, fingerprint=content, report=report, quarantined=quarantined, history=history,
+        cfg=cfg, info=info, fingerprint=content, report=report, quarantined=quarantined, profile=profile,
+        report_files=report_files, history=history,
         preflight=checked, weights=weights, fp32=fp32, judgment=judgment, int8_weights=int8_weights, int8=int8,
         int8_gate=int8_verdict, runs=ran, started=started,
     )

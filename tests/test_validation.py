@@ -1,0 +1,158 @@
+"""Validation against a reference: pinned schemas hold later batches, drift is measured and gated,
+the quarantine ceiling reports its reasons, and the report is a page a person can read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flyscale import data, validation, validation_report
+from flyscale.config import DataConfig
+from flyscale.contracts import DatasetInfo
+from flyscale.validation import PinnedSchema, Reference
+
+
+def _info(features=("a", "b"), classes=3, inferred=("features", "num_classes")) -> DatasetInfo:
+    return DatasetInfo("t", classes, [len(features)], list(features), feature_dtypes={f: "double" for f in features},
+                       inferred=list(inferred))
+
+
+def _frame(n=300, seed=0, shift=0.0, features=("a", "b")) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({f: rng.normal(shift, 1.0, n) for f in features})
+    frame["label"] = np.arange(n) % 3
+    return frame
+
+
+class Frames:
+    """A dataset plugin with no row schema of its own: the checks come from the info alone."""
+
+    def load(self, options):
+        raise NotImplementedError  # these tests hand validate() their frames directly
+
+    def info(self, options):
+        raise NotImplementedError
+
+
+@pytest.fixture(autouse=True)
+def frames_dataset():
+    from flyscale import registry
+
+    registry.datasets.register("t_frames", Frames())
+    yield
+    registry.datasets.unregister("t_frames")
+
+
+def _cfg(**kw) -> DataConfig:
+    return DataConfig(dataset="t_frames", **kw)
+
+
+def _reference(frame: pd.DataFrame, info: DatasetInfo) -> Reference:
+    text = validation.reference_json(info, validation.profile(frame, info))
+    return validation.load_reference(text, "v7")
+
+
+def test_a_batch_whose_inferred_columns_differ_from_the_pinned_ones_is_rejected_naming_them():
+    ref = _reference(_frame(), _info())
+    for features, message in [
+        (("a",), r"missing \['b'\]"),
+        (("a", "b", "c"), r"added \['c'\]"),
+        (("a", "z"), r"missing \['b'\]; added \['z'\]; \(renamed\?\)"),
+    ]:
+        with pytest.raises(ValueError, match=r"columns differ from the schema pinned with v7 .*" + message):
+            validation.validate(_frame(features=features), _cfg(), _info(features), ref)
+    retyped = replace(_info(), feature_dtypes={"a": "int64", "b": "double"})
+    with pytest.raises(ValueError, match=r"another dtype: \['a \(double -> int64\)'\]"):
+        validation.validate(_frame(), _cfg(), retyped, ref)
+    # Declared features are the user's word: no pin applies.
+    declared = _info(("a", "z"), inferred=())
+    clean, _, _, _ = validation.validate(_frame(features=("a", "z")), _cfg(), declared, ref)
+    assert len(clean) == 300
+
+
+def test_pinned_classes_hold_a_stray_label_to_quarantine():
+    ref = _reference(_frame(), _info())
+    frame = _frame()
+    frame.loc[10, "label"] = 3
+    grown = _info(classes=4)  # what inference alone would now say
+    clean, quarantined, report, info = validation.validate(frame, _cfg(), grown, ref)
+    assert info.num_classes == 3 and report.pinned_classes
+    assert quarantined["row"].tolist() == [10] and "label: class in [0, 3)" in quarantined["reason"][0]
+
+
+def test_drift_is_measured_against_the_reference_and_gated_when_configured():
+    info = _info(inferred=())
+    ref = _reference(_frame(3000, seed=1), info)
+    _, _, same, _ = validation.validate(_frame(3000, seed=2), _cfg(), info, ref)
+    _, _, moved, _ = validation.validate(_frame(3000, seed=2, shift=1.5), _cfg(), info, ref)
+    assert set(same.drift) == {"a", "b", "label"} and same.reference == "v7"
+    assert max(same.drift.values()) < 0.1 < 1.0 < moved.drift["a"]  # stable vs a significant shift
+    assert moved.drift["label"] == pytest.approx(0.0, abs=1e-6)  # the labels did not move
+    with pytest.raises(ValueError, match=r"drifted from v7: PSI above data.max_drift_psi=0.25 for 2 of 3 columns \([ab] \d"):
+        validation.validate(_frame(3000, seed=2, shift=1.5), _cfg(max_drift_psi=0.25), info, ref)
+
+
+def test_psi_is_zero_for_the_same_histogram_and_grows_with_the_shift():
+    assert validation.psi([10, 20, 30], [10, 20, 30]) == 0.0
+    assert 0 < validation.psi([10, 20, 30], [12, 20, 28]) < validation.psi([10, 20, 30], [30, 20, 10])
+
+
+def test_the_ceiling_gives_counts_and_the_commonest_reasons():
+    frame, info = data.load(DataConfig())
+    frame = frame.copy()
+    frame.loc[:150, "pixel_7"] = -1.0
+    frame.loc[200:240, "pixel_9"] = np.nan
+    with pytest.raises(ValueError) as err:
+        validation.validate(frame, DataConfig(), info)
+    text = str(err.value)
+    assert "192 of 1797 rows failed validation (10.7%)" in text
+    assert "pixel_7: in_range(0.0, 16.0) (151 rows)" in text and "pixel_9: not_nullable (41 rows)" in text
+
+
+def test_duplicates_keep_the_first_and_say_which_row_they_repeat():
+    frame = _frame(20)
+    frame.loc[7] = frame.loc[2]
+    frame.loc[9] = frame.loc[2]
+    clean, quarantined, report, _ = validation.validate(frame, _cfg(max_quarantine_fraction=0.5), _info(inferred=()))
+    assert quarantined["row"].tolist() == [7, 9] and len(clean) == 18
+    assert all(r == "duplicate: the same values as row 2" for r in quarantined["reason"])
+    assert report.checks == {"duplicate: the same values as row 2": 2}
+
+
+def test_the_report_page_shows_checks_examples_drift_and_distributions(tmp_path):
+    info = _info(inferred=())
+    ref = _reference(_frame(seed=1), info)
+    frame = _frame(seed=2, shift=0.5)
+    frame.loc[3, "a"] = np.nan
+    clean, quarantined, report, info = validation.validate(frame, _cfg(), info, ref)
+    out = validation_report.write(report, quarantined, clean, info, validation.profile(clean, info), ref)
+    page = open(f"{out}/validation.html").read()
+    assert "300 rows: 299 valid, 1 quarantined" in page and "against v7" in page
+    assert "a: not_nullable" in page and "Examples" in page and "Drift (PSI" in page
+    assert 'src="data:image/png;base64,' in page
+    png = open(f"{out}/distributions.png", "rb").read()
+    assert png.startswith(b"\x89PNG") and len(png) > 5000
+
+
+def test_a_reference_file_is_read_and_a_bad_one_is_named(tmp_path):
+    from flyscale import tracking
+    from flyscale.config import MlflowConfig
+
+    info = _info()
+    path = tmp_path / "ref.json"
+    path.write_text(validation.reference_json(info, validation.profile(_frame(), info)))
+    ref = tracking.read_reference(MlflowConfig(), str(path), "sha")
+    assert ref.source == str(path) and ref.schema == PinnedSchema(["a", "b"], {"a": "double", "b": "double"}, 3)
+    assert json.loads(path.read_text())["profile"]["rows"] == 300
+    path.write_text("{}")
+    ref = tracking.read_reference(MlflowConfig(), str(path), "sha")
+    assert ref.schema is None and ref.profile is None
+    path.write_text("not json")
+    with pytest.raises(ValueError, match=r"ref.json is not a flyscale reference"):
+        tracking.read_reference(MlflowConfig(), str(path), "sha")
+    with pytest.raises(ValueError, match=r"data.reference '.*nope.json' does not exist"):
+        tracking.read_reference(MlflowConfig(), str(tmp_path / "nope.json"), "sha")
