@@ -343,6 +343,12 @@ class PipelineConfig(_Section):
             except ValueError as exc:
                 raise ValueError(f"{exc} (augment.names is unset, so it is dataset {self.data.dataset!r}'s "
                                  f"default_augmentations {names})") from None
+        if self.data.plugin.attribute("streaming") and self.augment.names and self.augment.copies:
+            # Streamed data is prepared in one pass with no augment stage: say so rather than ignore it.
+            raise ValueError(
+                f"augment.names: dataset {self.data.dataset!r} streams data larger than memory, which is not "
+                f"augmented (copies would multiply it); set augment.names: [] or use its in-memory twin"
+            )
 
 
 def effective(cfg: PipelineConfig) -> dict[str, Any]:

@@ -68,6 +68,8 @@ class DatasetPlugin(Protocol):
     `fingerprint(options) -> str`, a cheap identity of the data as it is now that changes
     whenever its bytes do (file sizes and mtimes, object ETags): every run takes it, and loading
     re-runs only when it changes. Without one, every run loads the data to hash its content.
+    `streaming = True` with `chunks(options)`, an iterator of frames like `load`'s: the data is
+    larger than memory, so flyscale validates it chunk by chunk and training streams it.
     """
 
     def load(self, options: Any) -> pd.DataFrame: ...
@@ -115,16 +117,23 @@ class GatePlugin(Protocol):
 
 
 # Methods a kind may leave out, and the arguments flyscale passes when it is there.
-OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {"datasets": {"row_schema": ["options"], "fingerprint": ["options"]}}
+OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
+    "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"]},
+}
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.
 OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
-    "datasets": {"options_type": None, "default_augmentations": ()},
+    "datasets": {"options_type": None, "default_augmentations": (), "streaming": False},
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
     "strategies": {"options_type": None, "per_worker_batch": True},
     "quantizers": {"options_type": None},
     "gates": {"options_type": None},
+}
+
+# An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.
+REQUIRED_WHEN: dict[str, dict[str, str]] = {
+    "datasets": {"streaming": "chunks"},
 }
 
 PROTOCOLS: dict[str, type] = {

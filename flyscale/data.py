@@ -6,13 +6,17 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
 import torch
 
+from flyscale import shards
 from flyscale.config import AugmentConfig, DataConfig
 from flyscale.contracts import DatasetInfo, as_dataset_info
+from flyscale.shards import Shards
+from flyscale.streaming import Stream, read_unit
 from flyscale.training import TrainData
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,12 @@ def fingerprint(cfg: DataConfig) -> DataFingerprint:
 def content_fingerprint(frame: pd.DataFrame, cfg: DataConfig) -> DataFingerprint:
     """The fingerprint of what was loaded: the same bytes give the same one, however they got there."""
     return DataFingerprint(cfg.dataset, frame_hash(frame), f"dataset {cfg.dataset!r}: content of {len(frame)} loaded rows")
+
+
+def info(cfg: DataConfig) -> DatasetInfo:
+    """The dataset's shape facts alone (converted from whatever the plugin returns)."""
+    r = cfg.plugin
+    return as_dataset_info(r.plugin.info(r.options), f"dataset {cfg.dataset!r}")
 
 
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
@@ -111,6 +121,27 @@ def _bounds(info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
 def train_data(train: pd.DataFrame, val: pd.DataFrame, info: DatasetInfo) -> TrainData:
     """The training and validation splits as the tensors strategies train on."""
     return TrainData(*to_tensors(train, info), *to_tensors(val, info))
+
+
+HEAD_ROWS = 4096  # of a streamed split, held in memory for checks such as the preflight
+
+
+def train_data_from(train: Shards, val: Shards, info: DatasetInfo) -> TrainData:
+    """The splits strategies train on: read whole when they fit, streamed when they do not."""
+    columns = [*info.feature_columns, info.label_column]
+    train_dir, val_dir = train.dir.download(), val.dir.download()
+    if not train.streamed:
+        return train_data(shards.read(train_dir, columns), shards.read(val_dir, columns), info)
+    stream = Stream(shards.units(train_dir), shards.units(val_dir), info.feature_columns, info.label_column)
+    heads = [to_tensors(shards.head(d, HEAD_ROWS, columns), info) for d in (train_dir, val_dir)]
+    return TrainData(*heads[0], *heads[1], stream=stream)
+
+
+def batches(split: Shards, info: DatasetInfo) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """A split a row group at a time, as (features, labels) tensors: memory holds one row group."""
+    for unit in shards.units(split.dir.download()):
+        x, y = read_unit(unit, info.feature_columns, info.label_column)
+        yield torch.from_numpy(x), torch.from_numpy(y)
 
 
 def to_tensors(frame: pd.DataFrame, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:

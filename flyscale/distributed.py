@@ -78,6 +78,9 @@ class DistContext:
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
     """Reshuffle a DistributedSampler for `epoch` (without this every epoch sees one order)."""
+    if hasattr(loader.dataset, "set_epoch"):  # a streamed dataset shuffles itself
+        loader.dataset.set_epoch(epoch)
+        return
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(epoch)

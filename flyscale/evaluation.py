@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -40,18 +42,27 @@ def state_dict_bytes(model: nn.Module) -> int:
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalMetrics:
     """Accuracy, macro-F1, mean loss and confusion matrix of `model` on (x, y)."""
+    return evaluate_batches(model, ((x[i : i + 1024], y[i : i + 1024]) for i in range(0, len(y), 1024)), num_classes)
+
+
+@torch.no_grad()
+def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], num_classes: int) -> EvalMetrics:
+    """The same metrics over batches as they come: memory holds a batch and the predictions."""
     # Imported here: scikit-learn costs a second at import, and every task module imports this one.
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score
 
     model.eval()
-    logits = torch.cat([model(x[i : i + 1024]) for i in range(0, len(x), 1024)])
-    loss = float(nn.functional.cross_entropy(logits, y))
-    pred = logits.argmax(1).numpy()
-    truth = y.numpy()
+    loss_sum, preds, truths = 0.0, [], []
+    for xb, yb in batches:
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        preds.append(logits.argmax(1).numpy())
+        truths.append(yb.numpy())
+    pred, truth = np.concatenate(preds), np.concatenate(truths)
     return EvalMetrics(
         accuracy=float(accuracy_score(truth, pred)),
         macro_f1=float(f1_score(truth, pred, average="macro", labels=list(range(num_classes)), zero_division=0)),
-        loss=loss,
+        loss=loss_sum / max(len(truth), 1),
         n=len(truth),
         confusion=confusion_matrix(truth, pred, labels=list(range(num_classes))).tolist(),
         size_bytes=state_dict_bytes(model),

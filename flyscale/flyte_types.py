@@ -55,6 +55,7 @@ def register_flyscale_types() -> None:
         validation,
     )
     from flyscale.champion import ChampionRef
+    from flyscale.shards import Shards
     from flyscale.tracking import Registration
 
     register(
@@ -63,5 +64,5 @@ def register_flyscale_types() -> None:
         contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, validation.ValidationReport,
         validation.Reference, validation.PinnedSchema, validation.Profile, validation.FeatureProfile,
         evaluation.EvalMetrics, gating.Judgment, ChampionRef, preflight.PreflightReport, provenance.TaskRun,
-        provenance.CacheReport, summary.RunSummary, Registration, training.TrainHistory, training.EpochMetrics,
+        provenance.CacheReport, summary.RunSummary, Registration, training.TrainHistory, training.EpochMetrics, Shards,
     )

@@ -5,7 +5,6 @@ compare-and-set. The task that calls it only unpacks Flyte's inputs."""
 from __future__ import annotations
 
 import torch
-from pandas import DataFrame
 
 from flyscale import artifacts, tracking
 from flyscale.config import PipelineConfig, flatten
@@ -24,7 +23,7 @@ ALWAYS_RUN = ["fingerprint_data", "read_reference", "gate_model", "summarize"]  
 
 def register(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
-    quarantined: DataFrame, profile: Profile, report_dir: str, history: TrainHistory, preflight: PreflightReport,
+    quarantine_dir: str, profile: Profile, report_dir: str, history: TrainHistory, preflight: PreflightReport,
     weights_path: str, fp32: EvalMetrics,
     judgment: Judgment, int8_weights_path: str, int8: EvalMetrics, int8_gate: GateVerdict,
     runs: list[TaskRun], started: TaskRun,
@@ -43,7 +42,7 @@ def register(
         int8=int8,
         verdicts=verdicts,
         preflight=preflight,
-        quarantined=quarantined,
+        quarantine_dir=quarantine_dir,
         validation=report,
         tags={
             "flyscale.dataset": info.name,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Iterator, Mapping
 
-from flyscale.contracts import OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, PROTOCOLS
+from flyscale.contracts import OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, PROTOCOLS, REQUIRED_WHEN
 from flyscale.strict import check_keys
 
 log = logging.getLogger(__name__)
@@ -98,6 +98,10 @@ def contract_problems(kind: str, plugin: Any) -> list[str]:
                 problems.append(f"has {'' if itself else method}{inspect.signature(target)}, not {expected}")
             except ValueError:  # a builtin without a signature: trust it
                 pass
+    for attribute, method in REQUIRED_WHEN.get(kind, {}).items():
+        if getattr(plugin, attribute, False) and getattr(plugin, method, None) is None:
+            params = ", ".join(optional[method])
+            problems.append(f"sets {attribute} = True but has no method {method}({params}) to read the data with")
     options_type = getattr(plugin, "options_type", None)
     if options_type is not None and not (isinstance(options_type, type) and dataclasses.is_dataclass(options_type)):
         problems.append(f"has options_type = {options_type!r}; expected a dataclass or None")

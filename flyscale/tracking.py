@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-import pandas as pd
 import torch
 from torch import nn
 
@@ -69,7 +68,7 @@ class RunRecord:
     int8: EvalMetrics
     verdicts: list[GateVerdict]
     preflight: PreflightReport
-    quarantined: pd.DataFrame  # rejected rows and why: kept with the run, never dropped silently
+    quarantine_dir: str  # rejected rows and why, as Parquet shards: kept with the run, never dropped silently
     validation: ValidationReport
     tags: dict[str, str]
     judged_against: ChampionRef = field(default_factory=lambda: ChampionRef("", ""))
@@ -189,8 +188,7 @@ def _log_run(record: RunRecord, passed: bool) -> None:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
     with tempfile.TemporaryDirectory() as tmp:
         # Every rejected row, as it came in, with its file, its row in the file and the reason.
-        record.quarantined.to_parquet(f"{tmp}/quarantine.parquet", index=False)
-        mlflow.log_artifact(f"{tmp}/quarantine.parquet", artifact_path="data")
+        mlflow.log_artifacts(record.quarantine_dir, artifact_path="data/quarantine")
         Path(f"{tmp}/reference.json").write_text(record.reference_json)
         mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
         if record.validation_dir:

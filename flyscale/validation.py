@@ -146,9 +146,8 @@ def pin(info: DatasetInfo, reference: Reference, where: str) -> DatasetInfo:
     return info
 
 
-def _reject_schema_problems(frame: pd.DataFrame, info: DatasetInfo, where: str) -> None:
-    if frame.empty:
-        raise ValueError(f"{where} holds no rows: there is nothing to validate or train on")
+def reject_schema_problems(frame: pd.DataFrame, info: DatasetInfo, where: str) -> None:
+    """Text where numbers belong rejects the data (a few NaN spellings are values, not text)."""
     columns = [*info.feature_columns, info.label_column]
     for name in columns:
         if name in frame and frame[name].dtype == object:
@@ -180,7 +179,7 @@ def _schema_level_message(cases: pd.DataFrame, where: str) -> str:
 # --- row level: quarantine, with the reason ----------------------------------------------------
 
 
-def _row_failures(data: pd.DataFrame, schema: pa.DataFrameSchema, where: str) -> tuple[pd.DataFrame | None, pd.Series]:
+def row_failures(data: pd.DataFrame, schema: pa.DataFrameSchema, where: str) -> tuple[pd.DataFrame | None, pd.Series]:
     """(the validated frame when every row passed, {row index: reason} of every failing row).
 
     Schema-level failures raise.
@@ -212,7 +211,7 @@ def _duplicates(data: pd.DataFrame, candidates: pd.Index) -> pd.Series:
     return pd.Series({i: f"duplicate: the same values as row {first[i]}" for i in rows.index[dupes]}, dtype="str")
 
 
-def _check_name(reason: str) -> list[str]:
+def check_names(reason: str) -> list[str]:
     """'pixel_3: in_range(0, 16) (got 99.0); label: ...' -> ['pixel_3: in_range(0, 16)', 'label: ...']."""
     return [part.rsplit(" (got ", 1)[0] for part in reason.split("; ")]
 
@@ -225,37 +224,39 @@ def validate(
     where = f"dataset {cfg.dataset!r}"
     pinned_info = pin(info, reference, where)
     data = frame.drop(columns=[c for c in (SOURCE_FILE, SOURCE_ROW) if c in frame])
-    _reject_schema_problems(data, pinned_info, where)
+    if data.empty:
+        raise ValueError(f"{where} holds no rows: there is nothing to validate or train on")
+    reject_schema_problems(data, pinned_info, where)
     schema = row_schema(cfg, pinned_info)
-    validated, reasons = _row_failures(data, schema, where)
+    validated, reasons = row_failures(data, schema, where)
     duplicates = _duplicates(data, data.index.difference(reasons.index))
     reasons = pd.concat([reasons, duplicates]).sort_index()
     if validated is None:  # some rows failed: the others pass on their own (and are coerced) now
         validated = schema.validate(data[~data.index.isin(reasons.index)], lazy=False)
-    clean = validated.drop(index=duplicates.index).reset_index(drop=True)
-    quarantined = _quarantine(frame, data, reasons, cfg.dataset)
+    clean = validated.drop(index=duplicates.index, errors="ignore").reset_index(drop=True)
+    quarantined = quarantine_rows(frame, data, reasons, cfg.dataset)
     assert len(clean) + len(quarantined) == len(frame), "validation lost rows"  # the invariant, checked
-    checks = Counter(name for reason in reasons for name in _check_name(reason))
+    checks = Counter(name for reason in reasons for name in check_names(reason))
     report = ValidationReport(
         total_rows=len(frame), valid_rows=len(clean), quarantined_rows=len(quarantined), checks=dict(checks),
         reference=reference.source, pinned_classes=pinned_info.num_classes != info.num_classes,
     )
-    _enforce_ceiling(report, cfg)
+    enforce_ceiling(report, cfg)
     if report.quarantined_rows:
         log.warning("quarantined %d of %d rows: %s", report.quarantined_rows, report.total_rows, _commonest(report))
     if reference.profile is not None:
         report.drift = drift(clean, pinned_info, reference.profile)
-        _enforce_drift(report, cfg)
+        enforce_drift(report, cfg)
     return clean, quarantined, report, pinned_info
 
 
-def _quarantine(frame: pd.DataFrame, data: pd.DataFrame, reasons: pd.Series, dataset: str) -> pd.DataFrame:
+def quarantine_rows(frame: pd.DataFrame, data: pd.DataFrame, reasons: pd.Series, dataset: str) -> pd.DataFrame:
     """The rejected rows as they came in, with where they came from and why."""
     rows = reasons.index.to_numpy(dtype="int64")
     out = data.loc[rows].reset_index(drop=True)
     out.insert(0, "reason", reasons.to_numpy(dtype=str))
-    out.insert(0, "source_row", frame[SOURCE_ROW].to_numpy()[rows] if SOURCE_ROW in frame else rows)
-    out.insert(0, "source_file", frame[SOURCE_FILE].to_numpy()[rows] if SOURCE_FILE in frame else dataset)
+    out.insert(0, "source_row", frame.loc[rows, SOURCE_ROW].to_numpy() if SOURCE_ROW in frame else rows)
+    out.insert(0, "source_file", frame.loc[rows, SOURCE_FILE].to_numpy() if SOURCE_FILE in frame else dataset)
     out.insert(0, "row", rows)
     return out
 
@@ -265,7 +266,7 @@ def _commonest(report: ValidationReport, n: int = 3) -> str:
     return ", ".join(f"{name} ({count} rows)" for name, count in top)
 
 
-def _enforce_ceiling(report: ValidationReport, cfg: DataConfig) -> None:
+def enforce_ceiling(report: ValidationReport, cfg: DataConfig) -> None:
     if report.quarantined_rows > cfg.max_quarantine_fraction * report.total_rows:
         raise ValueError(
             f"{report.quarantined_rows} of {report.total_rows} rows failed validation "
@@ -283,13 +284,13 @@ def profile(frame: pd.DataFrame, info: DatasetInfo) -> Profile:
     for name in info.feature_columns:
         values = frame[name].to_numpy(dtype="float64")
         edges = np.unique(np.quantile(values, np.linspace(0, 1, BINS + 1))) if len(values) else np.array([0.0])
-        out.features[name] = FeatureProfile(edges=[float(e) for e in edges], counts=_histogram(values, edges))
+        out.features[name] = FeatureProfile(edges=[float(e) for e in edges], counts=histogram(values, edges))
     labels = frame[info.label_column].astype("int64").value_counts()
     out.labels = {str(k): int(labels.get(k, 0)) for k in range(info.num_classes)}
     return out
 
 
-def _histogram(values: np.ndarray, edges: np.ndarray) -> list[int]:
+def histogram(values: np.ndarray, edges: np.ndarray) -> list[int]:
     """Counts in the bins between `edges`, the first and last open-ended (new data may go beyond)."""
     inner = np.asarray(edges)[1:-1]
     return np.bincount(np.searchsorted(inner, values, side="right"), minlength=len(inner) + 1).tolist()
@@ -309,14 +310,14 @@ def drift(frame: pd.DataFrame, info: DatasetInfo, ref: Profile) -> dict[str, flo
     out = {}
     for name, fp in ref.features.items():
         if name in frame:
-            out[name] = psi(fp.counts, _histogram(frame[name].to_numpy(dtype="float64"), np.asarray(fp.edges)))
+            out[name] = psi(fp.counts, histogram(frame[name].to_numpy(dtype="float64"), np.asarray(fp.edges)))
     labels = frame[info.label_column].astype("int64").value_counts()
     classes = sorted(set(ref.labels) | {str(k) for k in labels.index})
     out["label"] = psi([ref.labels.get(c, 0) for c in classes], [int(labels.get(int(c), 0)) for c in classes])
     return out
 
 
-def _enforce_drift(report: ValidationReport, cfg: DataConfig) -> None:
+def enforce_drift(report: ValidationReport, cfg: DataConfig) -> None:
     if cfg.max_drift_psi <= 0 or not report.drift:
         return
     over = {k: v for k, v in report.drift.items() if v > cfg.max_drift_psi}

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from flyscale.contracts import DatasetInfo
-from flyscale.validation import EXAMPLES, Profile, Reference, ValidationReport, _check_name, _histogram, psi
+from flyscale.validation import EXAMPLES, Profile, Reference, ValidationReport, check_names, histogram, psi
 
 PLOTTED = 12  # feature distributions drawn: the most drifted first
 
@@ -24,7 +24,7 @@ def distributions_png(clean: pd.DataFrame, info: DatasetInfo, profile: Profile, 
     ref = reference.profile
     bins = ref.features if ref is not None else profile.features
     names = [n for n in info.feature_columns if n in bins]
-    new_counts = {n: _histogram(clean[n].to_numpy(dtype="float64"), np.asarray(bins[n].edges)) for n in names}
+    new_counts = {n: histogram(clean[n].to_numpy(dtype="float64"), np.asarray(bins[n].edges)) for n in names}
     if ref is not None:
         names.sort(key=lambda n: -psi(ref.features[n].counts, new_counts[n]))
     names = names[:PLOTTED]
@@ -81,7 +81,7 @@ def validation_html(report: ValidationReport, quarantined: pd.DataFrame, png: by
         parts.append("<h4>Examples</h4>")
         rows = []
         for check in sorted(report.checks, key=lambda k: -report.checks[k]):
-            hits = quarantined[quarantined["reason"].map(lambda r, c=check: c in _check_name(r))].head(EXAMPLES)
+            hits = quarantined[quarantined["reason"].map(lambda r, c=check: c in check_names(r))].head(EXAMPLES)
             rows += [[check, r.source_file, r.source_row, r.reason] for r in hits.itertuples()]
         parts.append(_table(["check", "file", "row in file", "reason"], rows))
     if report.drift:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow
 import pyarrow.dataset as ds
@@ -122,5 +123,15 @@ def read(source: Source, fmt: str, columns: list[str]) -> pyarrow.Table:
     """Only `columns` of the file."""
     try:
         return _dataset(source, filesystem(source.uri), fmt).to_table(columns=columns)
+    except (OSError, pyarrow.ArrowException) as exc:
+        raise readable(exc, source.uri, "reading") from exc
+
+
+def batches(source: Source, fmt: str, columns: list[str], rows: int) -> Iterator[pyarrow.RecordBatch]:
+    """The file's `columns` in batches of about `rows` rows (Parquet by row group, CSV by block),
+    so a file larger than memory is read a piece at a time."""
+    try:
+        scanner = _dataset(source, filesystem(source.uri), fmt).scanner(columns=columns, batch_size=rows)
+        yield from scanner.to_batches()
     except (OSError, pyarrow.ArrowException) as exc:
         raise readable(exc, source.uri, "reading") from exc

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -95,13 +96,19 @@ def _text_examples(source: sources.Source, fmt: str, column: str) -> list[str]:
 
 
 class Tabular:
-    """Labelled rows from Parquet or CSV files: a local file or directory, or s3://bucket/prefix."""
+    """Labelled rows from Parquet or CSV files: a local file or directory, or s3://bucket/prefix.
+
+    `streaming` (the `parquet_stream` and `csv_stream` datasets): the data is larger than memory,
+    so flyscale validates it a chunk at a time and training streams it (`chunks`).
+    """
 
     options_type = TabularOptions
-    default_augmentations = ("gaussian_noise",)  # scaled per column: fits features of any units
 
-    def __init__(self, fmt: str):
+    def __init__(self, fmt: str, streaming: bool = False):
         self.format = fmt
+        self.streaming = streaming
+        # Augmenting copies of every row is an in-memory technique: streamed data is not augmented.
+        self.default_augmentations = () if streaming else ("gaussian_noise",)  # scaled per column
 
     def _fmt(self, options: TabularOptions) -> str:
         return options.format or self.format
@@ -211,5 +218,21 @@ class Tabular:
         return frame[[*features, LABEL, SOURCE_FILE, SOURCE_ROW]]
 
 
+    def chunks(self, options: TabularOptions, rows: int = 65_536) -> Iterator[pd.DataFrame]:
+        """The rows of every file, a chunk at a time, with where each came from (as `load` gives them)."""
+        files = self._sources(options)
+        features, _ = self._columns(options, files)
+        for source in files:
+            first = 0
+            for batch in sources.batches(source, self._fmt(options), [*features, options.label], rows):
+                frame = batch.to_pandas().rename(columns={options.label: LABEL})
+                frame[SOURCE_FILE] = source.uri
+                frame[SOURCE_ROW] = np.arange(first, first + len(frame), dtype="int64")
+                first += len(frame)
+                yield frame
+
+
 parquet = Tabular("parquet")
 csv = Tabular("csv")
+parquet_stream = Tabular("parquet", streaming=True)
+csv_stream = Tabular("csv", streaming=True)

@@ -1,4 +1,6 @@
-"""Data stages: fingerprint, load, validate (pandera, with quarantine), split, augment."""
+"""Data stages: fingerprint, then either (in memory) load, validate, split and augment, or (data
+larger than memory) prepare the stream: validate chunk by chunk and split as it goes. Both end
+with the splits as Parquet shards (flyscale/shards.py), which is all training sees."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ from flytekit import Deck, HashMethod, task
 from flytekit.types.directory import FlyteDirectory
 from pandera.typing import DataFrame
 
-from flyscale import data, tracking, validation, validation_report
+from flyscale import data, shards, stream_prep, tracking, validation, validation_report
 from flyscale.caching import LIBRARIES, code_cache
 from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
 from flyscale.contracts import DatasetInfo
 from flyscale.data import DataFingerprint
 from flyscale.provenance import TaskRun
-from flyscale.schemas import LabeledFrame, QuarantineFrame
+from flyscale.schemas import LabeledFrame
+from flyscale.shards import Shards
 from flyscale.validation import Profile, Reference, ValidationReport
 from tasks.common import IMAGE, SMALL
 
-Fingerprinted = NamedTuple("Fingerprinted", [("fingerprint", DataFingerprint), ("run", TaskRun)])
+Fingerprinted = NamedTuple(
+    "Fingerprinted", [("fingerprint", DataFingerprint), ("streaming", bool), ("run", TaskRun)]
+)
 # Keyed by content downstream: a reload of identical bytes (a touched file) re-runs nothing after it.
 Loaded = NamedTuple(
     "Loaded",
@@ -32,15 +37,18 @@ Loaded = NamedTuple(
 Validated = NamedTuple(
     "Validated",
     [("clean", Annotated[DataFrame[LabeledFrame], HashMethod(data.frame_hash)]),
-     ("quarantined", DataFrame[QuarantineFrame]), ("report", ValidationReport),
+     ("quarantined", Shards), ("report", ValidationReport),
      ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("run", TaskRun)],
 )
 Splits = NamedTuple(
-    "Splits",
-    [("train", DataFrame[LabeledFrame]), ("val", DataFrame[LabeledFrame]), ("test", DataFrame[LabeledFrame]),
-     ("run", TaskRun)],
+    "Splits", [("train", DataFrame[LabeledFrame]), ("val", Shards), ("test", Shards), ("run", TaskRun)]
 )
-Augmented = NamedTuple("Augmented", [("train", DataFrame[LabeledFrame]), ("run", TaskRun)])
+Augmented = NamedTuple("Augmented", [("train", Shards), ("run", TaskRun)])
+Streamed = NamedTuple(
+    "Streamed",
+    [("train", Shards), ("val", Shards), ("test", Shards), ("quarantined", Shards), ("report", ValidationReport),
+     ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("run", TaskRun)],
+)
 
 
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
@@ -49,7 +57,8 @@ Augmented = NamedTuple("Augmented", [("train", DataFrame[LabeledFrame]), ("run",
 def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
     """The identity of the configured data as it is now (see the dataset's fingerprint())."""
     run = TaskRun.start("fingerprint_data")
-    return Fingerprinted(fingerprint=data.fingerprint(cfg), run=run.done())
+    streaming = bool(cfg.plugin.attribute("streaming"))
+    return Fingerprinted(fingerprint=data.fingerprint(cfg), streaming=streaming, run=run.done())
 
 
 @task(cache=code_cache("datasets"), container_image=IMAGE, requests=SMALL)
@@ -77,7 +86,7 @@ def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, referen
     profile = validation.profile(clean, pinned)
     files = validation_report.write(report, bad, clean, pinned, profile, reference)
     Deck("Data validation", (Path(files) / "validation.html").read_text())
-    return Validated(clean, bad, report, pinned, profile, FlyteDirectory(files), run.done())
+    return Validated(clean, shards.write(bad, "quarantine"), report, pinned, profile, FlyteDirectory(files), run.done())
 
 
 @task(cache=code_cache(), container_image=IMAGE, requests=SMALL)
@@ -85,11 +94,28 @@ def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
     """Stratified, seeded train/validation/test split."""
     run = TaskRun.start("split_data")
     train, val, test = data.split(clean, cfg)
-    return Splits(train=train, val=val, test=test, run=run.done())
+    return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"), run=run.done())
 
 
 @task(cache=code_cache("augmentations"), container_image=IMAGE, requests=SMALL)
 def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: AugmentConfig) -> Augmented:
     """Add augmented copies of the training rows (validation and test stay untouched)."""
     run = TaskRun.start("augment_data")
-    return Augmented(train=data.augment(train, info, cfg), run=run.done())
+    return Augmented(train=shards.write(data.augment(train, info, cfg), "train"), run=run.done())
+
+
+@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
+      enable_deck=True)
+def prepare_stream(cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference) -> Streamed:
+    """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
+    three splits as shards as it streams by (keyed on the source's fingerprint)."""
+    run = TaskRun.start("prepare_stream")
+    info = data.info(cfg)
+    r = cfg.plugin
+    prepared = stream_prep.prepare(r.plugin.chunks(r.options), cfg, info, reference, seed=cfg.seed)
+    quarantined = shards.head(prepared.quarantined.dir.path, 10_000)  # what the report shows examples of
+    files = validation_report.write(prepared.report, quarantined, prepared.sample, prepared.info,
+                                    prepared.profile, reference)
+    Deck("Data validation", (Path(files) / "validation.html").read_text())
+    return Streamed(prepared.train, prepared.val, prepared.test, prepared.quarantined, prepared.report, prepared.info,
+                    prepared.profile, FlyteDirectory(files), run.done())

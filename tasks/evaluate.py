@@ -6,16 +6,15 @@ from typing import NamedTuple
 
 from flytekit import task
 from flytekit.types.file import FlyteFile
-from pandera.typing import DataFrame
 
 from flyscale import artifacts, data, gating, tracking
 from flyscale.caching import code_cache
 from flyscale.config import GateConfig, MlflowConfig, ModelConfig, QuantizeConfig
 from flyscale.contracts import DatasetInfo, GateVerdict
-from flyscale.evaluation import EvalMetrics, evaluate
+from flyscale.evaluation import EvalMetrics, evaluate_batches
 from flyscale.gating import Judgment
 from flyscale.provenance import TaskRun
-from flyscale.schemas import LabeledFrame
+from flyscale.shards import Shards
 from tasks.common import IMAGE, SMALL
 
 Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("run", TaskRun)])
@@ -25,15 +24,12 @@ Quantized = NamedTuple(
 
 
 @task(cache=code_cache("models"), container_image=IMAGE, requests=SMALL)
-def evaluate_model(
-    weights: FlyteFile, test: DataFrame[LabeledFrame], info: DatasetInfo, model_cfg: ModelConfig
-) -> Evaluated:
+def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cfg: ModelConfig) -> Evaluated:
     """Accuracy, macro-F1 and confusion matrix of the trained model on the test split."""
     run = TaskRun.start("evaluate_model")
     path = weights.download()
     model = artifacts.load_state(artifacts.build_model(model_cfg, info), path)
-    x, y = data.to_tensors(test, info)
-    metrics = evaluate(model, x, y, info.num_classes)
+    metrics = evaluate_batches(model, data.batches(test, info), info.num_classes)
     metrics.weights_sha256 = artifacts.file_sha256(path)
     return Evaluated(metrics=metrics, run=run.done())
 
@@ -51,7 +47,7 @@ def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig)
 @task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL)
 def quantize_model(
     weights: FlyteFile,
-    test: DataFrame[LabeledFrame],
+    test: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
     cfg: QuantizeConfig,
@@ -61,8 +57,7 @@ def quantize_model(
     run = TaskRun.start("quantize_model")
     model = artifacts.load_state(artifacts.build_model(model_cfg, info), weights.download())
     qmodel = artifacts.quantize(model, cfg)
-    x, y = data.to_tensors(test, info)
-    metrics = evaluate(qmodel, x, y, info.num_classes)
+    metrics = evaluate_batches(qmodel, data.batches(test, info), info.num_classes)
     drop = fp32.accuracy - metrics.accuracy
     passed = drop <= cfg.max_accuracy_drop
     verdict = GateVerdict(

@@ -7,7 +7,6 @@ from typing import NamedTuple
 
 from flytekit import Resources, task
 from flytekit.core.task import TaskPlugins
-from pandera.typing import DataFrame
 
 from flyscale import artifacts, data, distributed, preflight
 from flyscale.caching import code_cache
@@ -15,7 +14,7 @@ from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
 from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import TaskRun
-from flyscale.schemas import LabeledFrame
+from flyscale.shards import Shards
 from tasks.common import IMAGE
 from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, launcher_facts, training_launcher
 
@@ -54,8 +53,8 @@ def _launcher():
     shared_memory=True,
 )
 def preflight_check(
-    train: DataFrame[LabeledFrame],
-    val: DataFrame[LabeledFrame],
+    train: Shards,
+    val: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
     cfg: TrainConfig,
@@ -66,7 +65,7 @@ def preflight_check(
     with distributed.process_group() as ctx:
         strategy, options = artifacts.strategy(cfg)
         report = preflight.run_preflight(
-            lambda: artifacts.build_model(model_cfg, info), data.train_data(train, val, info), cfg,
+            lambda: artifacts.build_model(model_cfg, info), data.train_data_from(train, val, info), cfg,
             preflight_cfg, ctx, strategy, options,
         )
         return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if ctx.is_main else None)

@@ -8,7 +8,6 @@ from typing import NamedTuple
 from flytekit import task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
-from pandera.typing import DataFrame
 
 from flyscale import registration, tracking
 from flyscale.caching import LIBRARIES, code_cache
@@ -19,7 +18,7 @@ from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import CacheReport, TaskRun
-from flyscale.schemas import QuarantineFrame
+from flyscale.shards import Shards
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
 from flyscale.validation import Profile, ValidationReport
@@ -33,29 +32,31 @@ Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)
 @task(
     cache=code_cache(
         "models", "quantizers", facts={"mlflow_store": tracking.tracking_uri}, libraries=(*LIBRARIES, "mlflow"),
-        ignored_inputs=("runs", "started"),
+        ignored_inputs=("runs", "data_runs", "started"),
     ),
     container_image=IMAGE,
     requests=SMALL,
 )
 def register_model(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
-    quarantined: DataFrame[QuarantineFrame], profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
+    quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
     preflight: PreflightReport, weights: FlyteFile,
     fp32: EvalMetrics, judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, int8_gate: GateVerdict,
-    runs: list[TaskRun], started: TaskRun,
+    runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun,
 ) -> Registered:
     """Log everything to MLflow; move the alias only if every gate passed (compare-and-set)."""
     run = TaskRun.start("register_model")
     summary = registration.register(
-        cfg, info, fingerprint, report, quarantined, profile, report_files.download(), history, preflight,
-        weights.download(), fp32, judgment, int8_weights.download(), int8, int8_gate, runs, started,
+        cfg, info, fingerprint, report, quarantined.dir.download(), profile, report_files.download(), history, preflight,
+        weights.download(), fp32, judgment, int8_weights.download(), int8, int8_gate, [*data_runs, *runs], started,
     )
     return Registered(summary=summary, run=run.done())
 
 
 @task(cache=False, container_image=IMAGE, requests=SMALL)
-def summarize(summary: RunSummary, runs: list[TaskRun], started: TaskRun) -> RunSummary:
+def summarize(
+    summary: RunSummary, runs: list[TaskRun], data_runs: list[TaskRun], register_run: TaskRun, started: TaskRun
+) -> RunSummary:
     """The run summary, with which tasks this execution ran and which it took from the cache."""
-    summary.cache = CacheReport.of(runs, started.started_at, registration.ALWAYS_RUN)
+    summary.cache = CacheReport.of([*data_runs, *runs, register_run], started.started_at, registration.ALWAYS_RUN)
     return summary

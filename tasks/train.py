@@ -7,7 +7,6 @@ from typing import NamedTuple
 import torch
 from flytekit import Deck, Resources, task
 from flytekit.types.file import FlyteFile
-from pandera.typing import DataFrame
 
 from flyscale import artifacts, data, distributed, report
 from flyscale.caching import code_cache
@@ -15,7 +14,7 @@ from flyscale.config import ModelConfig, TrainConfig
 from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import TaskRun
-from flyscale.schemas import LabeledFrame
+from flyscale.shards import Shards
 from flyscale.training import TrainHistory
 from tasks.common import IMAGE
 from tasks.elastic import launcher_facts, training_launcher
@@ -33,8 +32,8 @@ Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistor
     enable_deck=True,  # rank 0's "Learning curves" Deck; flytekit's Elastic task ships it to the parent
 )
 def train_model(
-    train: DataFrame[LabeledFrame],
-    val: DataFrame[LabeledFrame],
+    train: Shards,
+    val: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
     cfg: TrainConfig,
@@ -46,7 +45,7 @@ def train_model(
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         model = artifacts.build_model(model_cfg, info)
         strategy, options = artifacts.strategy(cfg)
-        result = strategy(model, data.train_data(train, val, info), cfg, ctx, options)
+        result = strategy(model, data.train_data_from(train, val, info), cfg, ctx, options)
         if not ctx.is_main:
             return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
         Deck("Learning curves", report.learning_curves_html(result.history))

@@ -16,13 +16,14 @@ import pytest
 from flyscale.caching import module_closure, source_hash
 from tests.conftest import REPO
 
-TASKS = ["load_data", "validate_data", "split_data", "augment_data", "preflight_check", "train_model",
-         "evaluate_model", "quantize_model", "register_model"]
+TASKS = ["load_data", "validate_data", "split_data", "augment_data", "prepare_stream", "preflight_check",
+         "train_model", "evaluate_model", "quantize_model", "register_model"]
 VERSIONS = """
 import json
+from tests.flyte_graph import workflow_tasks
 from workflows.train import training_pipeline
-print(json.dumps({n.flyte_entity.name.rsplit(".", 1)[-1]: n.flyte_entity.metadata.cache_version
-                  for n in training_pipeline.nodes if n.flyte_entity.metadata.cache}))
+print(json.dumps({name: t.metadata.cache_version for name, t in workflow_tasks(training_pipeline).items()
+                  if t.metadata.cache}))
 """
 
 
@@ -81,7 +82,8 @@ def _project_copy(root: Path) -> Path:
 
 
 def _versions(cwd: Path = REPO, **env: str) -> dict[str, str]:
-    full = {**os.environ, "PYTHONPATH": str(cwd), **env}
+    # The project from `cwd`; only the graph walker (tests/) from the checkout.
+    full = {**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{REPO}", **env}
     proc = subprocess.run([sys.executable, "-c", VERSIONS], cwd=cwd, env=full, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

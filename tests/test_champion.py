@@ -3,6 +3,7 @@ leaves the registry as it was. Against a real MLflow server, faults injected by 
 
 from __future__ import annotations
 
+import tempfile
 import time
 import uuid
 
@@ -123,7 +124,7 @@ def _record(judged: ChampionRef) -> tracking.RunRecord:
     metrics = EvalMetrics(accuracy=0.9, macro_f1=0.9, loss=0.3, n=10, confusion=[[5, 0], [1, 4]], size_bytes=100)
     return tracking.RunRecord(
         params={"p": 1}, history=TrainHistory(strategy="ddp", world_size=1), fp32=metrics, int8=metrics,
-        verdicts=[GateVerdict("g", True, "ok")], preflight=PreflightReport.skipped(), quarantined=pd.DataFrame(),
+        verdicts=[GateVerdict("g", True, "ok")], preflight=PreflightReport.skipped(), quarantine_dir=tempfile.mkdtemp(),
         validation=ValidationReport(10, 10, 0), tags={}, judged_against=judged, weights_sha256="w",
     )
 

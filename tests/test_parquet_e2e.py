@@ -1,7 +1,8 @@
 """The whole pipeline on Parquet shards in an S3 bucket (a real moto server), under real `pyflyte run`.
 
 A bad row in one shard is quarantined with its reason; the rest trains the CNN to the same bar
-as the built-in digits dataset.
+as the built-in digits dataset. The same shards streamed (`parquet_stream`) take the other branch
+of the workflow and are held to the same rows.
 """
 
 from __future__ import annotations
@@ -18,21 +19,28 @@ from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import run_pipeline
 
 
-@pytest.mark.timeout(900)
-def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
-    aws = {
-        "AWS_ENDPOINT_URL": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }
-    s3 = boto3.client("s3", endpoint_url=moto_endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+def _aws(endpoint: str) -> dict:
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _upload(tmp_path, endpoint: str, frame: pd.DataFrame, prefix: str) -> None:
+    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
                       region_name="us-east-1")
-    s3.create_bucket(Bucket="features")
-    frame = digits.load(None).rename(columns={"label": "digit"})
-    frame.loc[7, "pixel_12"] = 99.0  # out of the declared range: must be quarantined, not trained on
+    if "features" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
+        s3.create_bucket(Bucket="features")
     for i, start in enumerate(range(0, len(frame), 600)):
         path = tmp_path / f"part-{i}.parquet"
         frame.iloc[start : start + 600].to_parquet(path, index=False)
-        s3.upload_file(str(path), "features", f"digits/v1/{path.name}")
+        s3.upload_file(str(path), "features", f"{prefix}/{path.name}")
+
+
+@pytest.mark.timeout(900)
+def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
+    aws = _aws(moto_endpoint)
+    frame = digits.load(None).rename(columns={"label": "digit"})
+    frame.loc[7, "pixel_12"] = 99.0  # out of the declared range: must be quarantined, not trained on
+    _upload(tmp_path, moto_endpoint, frame, "digits/v1")
 
     cfg = tmp_path / "s3.yaml"
     cfg.write_text(yaml.safe_dump({
@@ -55,9 +63,42 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
     assert run.data.metrics["validation_quarantined_rows"] == 1
     assert run.data.metrics["test_accuracy"] >= 0.95
     # The rejected row travels with the run: its values, its file and row there, and the reason.
-    path = MlflowClient(uri).download_artifacts(run_id, "data/quarantine.parquet", str(tmp_path))
+    path = MlflowClient(uri).download_artifacts(run_id, "data/quarantine", str(tmp_path))
     (row,) = pd.read_parquet(path).itertuples()
     assert (row.row, row.source_file, row.source_row) == (7, "s3://features/digits/v1/part-0.parquet", 7)
     assert "pixel_12: in_range" in row.reason and "99" in row.reason and row.pixel_12 == 99.0
     report = MlflowClient(uri).download_artifacts(run_id, "data/validation/validation.html", str(tmp_path))
     assert "Quarantined rows per check" in open(report).read()
+
+
+@pytest.mark.timeout(900)
+def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, moto_endpoint):
+    frame = digits.load(None).rename(columns={"label": "digit"})
+    frame.loc[7, "pixel_12"] = 99.0  # out of range, in the first shard
+    frame.iloc[1500] = frame.iloc[20]  # a duplicate of a row two shards (and chunks) earlier
+    _upload(tmp_path, moto_endpoint, frame, "digits/stream")
+    cfg = tmp_path / "stream.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"dataset": "parquet_stream", "options": {
+            "path": "s3://features/digits/stream", "label": "digit", "num_classes": 10, "input_shape": [1, 8, 8],
+            "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
+        }},
+        "train": {"epochs": 6, "batch_size": 64, "num_workers": 2},
+        "mlflow": {"experiment": "stream", "model_name": "stream-digits"},
+    }))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**_aws(moto_endpoint), "MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "1797 rows: 1795 valid, 2 quarantined" in proc.stdout
+    assert "ran prepare_stream," in proc.stdout and "load_data" not in proc.stdout  # the other branch ran
+    run_id = re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1)
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    assert run.data.metrics["validation_quarantined_rows"] == 2
+    assert run.data.metrics["test_accuracy"] >= 0.9
+    quarantine = pd.read_parquet(client.download_artifacts(run_id, "data/quarantine", str(tmp_path))).sort_values("row")
+    assert quarantine["row"].tolist() == [7, 1500]
+    assert quarantine["source_file"].tolist() == ["s3://features/digits/stream/part-0.parquet",
+                                                  "s3://features/digits/stream/part-2.parquet"]
+    assert quarantine["source_row"].tolist() == [7, 300]
+    assert quarantine["reason"].iloc[1].startswith("duplicate")

@@ -92,7 +92,7 @@ def _reference_training(data: TrainData, cfg: TrainConfig):
     """Plain single-process training on the batches the pipeline strategy sees."""
     model = _mlp(cfg.seed)
     step = standard_step(model, make_optimizer(model, cfg), cfg, torch.device("cpu"))
-    loader = train_loader(data, cfg)
+    loader = train_loader(data, cfg, DistContext())
     epochs = []
     for epoch in range(cfg.epochs):
         set_epoch(loader, epoch)

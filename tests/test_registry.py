@@ -126,6 +126,24 @@ def test_a_dataset_may_leave_out_row_schema_but_not_load(register):
         register("datasets", "t_noload", NoLoad)
 
 
+def test_a_streaming_dataset_must_say_how_to_read_its_chunks(register):
+    class Streams:
+        streaming = True
+
+        def load(self, options): ...
+
+        def info(self, options): ...
+
+    with pytest.raises(PluginContractError, match=r"sets streaming = True but has no method chunks\(options\)"):
+        register("datasets", "t_stream_nochunks", Streams)
+
+    class Chunks(Streams):
+        def chunks(self, options):
+            yield pd.DataFrame()
+
+    register("datasets", "t_stream_chunks", Chunks)  # conforms
+
+
 @dataclass
 class OwnInfo:
     name: str

@@ -10,18 +10,17 @@ import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step
-from flyscale.training import TrainData, TrainResult, evaluate_split, fit, make_loader
+from flyscale.training import TrainData, TrainResult, fit
 
 
 def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
-    """Per-rank batches of `cfg.batch_size`; the sampler gives every rank the same count."""
-    dataset = TensorDataset(data.x_train, data.y_train)
-    return make_loader(dataset, ctx.train_sampler(dataset, seed=cfg.seed), cfg, ctx)
+    """Per-rank batches of `cfg.batch_size`; every rank gets the same count."""
+    return data.train_loader(cfg, ctx)
 
 
 @dataclass
@@ -99,7 +98,7 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
         wrapped,
         standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync),
         loader,
-        evaluate_split(model, data.x_val, data.y_val, ctx),
+        data.evaluator(model, ctx),
         cfg,
         ctx,
         strategy="ddp",

@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+from torch.utils.data import DataLoader
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import StepFn, make_optimizer, make_scheduler
-from flyscale.training import TrainData, TrainResult, evaluate_split, fit
+from flyscale.training import TrainData, TrainResult, fit
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -151,14 +151,11 @@ def gather_weights(model: nn.Module, stage: LocalStage, ctx: DistContext) -> Non
     model.load_state_dict(merged)
 
 
-def train_loader(data: TrainData, cfg: TrainConfig) -> DataLoader:
+def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
     """Global batches in the same order on every rank; the last partial batch is dropped."""
-    dataset = TensorDataset(data.x_train, data.y_train)
-    # Not a DistributedSampler: every stage must see the same rows, the first as inputs and the
-    # last as targets. set_epoch reseeds this generator per epoch, identically on every rank.
-    sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed))
+    # Not sharded: every stage must see the same rows, the first as inputs and the last as targets.
     # drop_last: the schedule's receive buffers have a fixed micro-batch shape.
-    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, drop_last=True)
+    return data.train_loader(cfg, ctx, shard=False, drop_last=True)
 
 
 def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> None:
@@ -167,8 +164,8 @@ def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) 
             f"train.batch_size ({cfg.batch_size}) must be divisible by train.options.microbatches "
             f"({options.microbatches}) for the pipeline strategy"
         )
-    if len(data.y_train) < cfg.batch_size:
-        raise ValueError(f"train.batch_size ({cfg.batch_size}) exceeds the {len(data.y_train)} training rows")
+    if data.train_rows < cfg.batch_size:
+        raise ValueError(f"train.batch_size ({cfg.batch_size}) exceeds the {data.train_rows} training rows")
 
 
 def _unsupported(cfg: TrainConfig) -> None:
@@ -222,9 +219,9 @@ def pipeline(
     stage = build_stage(model, ctx, options)
     # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
     optimizer = make_optimizer(stage.module, cfg, world_size=1)
-    loader = train_loader(data, cfg)
+    loader = train_loader(data, cfg, ctx)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
-    evaluate_full = evaluate_split(model, data.x_val, data.y_val, ctx)
+    evaluate_full = data.evaluator(model, ctx)
 
     def evaluate() -> tuple[float, float, float]:
         # Validate the whole model: each rank gathers all stages' weights, then scores its share.

@@ -1,0 +1,171 @@
+"""The streaming loader: row groups of Parquet shards, sharded across (rank, DataLoader worker),
+the same number of batches on every rank, seeded shuffles; and DDP training through it on real
+gloo processes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from flyscale import shards
+from flyscale.config import TrainConfig
+from flyscale.distributed import DistContext, set_epoch
+from flyscale.streaming import Stream, StreamingShards
+from flyscale.training import TrainData
+from tests.distributed_helpers import run_on_ranks
+
+FEATURES = ["a", "b"]
+
+
+def _split(tmp_path, rows: int = 1000, row_group_rows: int = 64) -> list[shards.Unit]:
+    """Rows whose feature `a` is their id (so a batch says which rows it holds), in small row groups."""
+    frame = pd.DataFrame({"a": np.arange(rows, dtype="float32"), "b": np.zeros(rows, "float32"),
+                          "label": np.arange(rows) % 3})
+    writer = shards.ShardWriter("test", rows_per_file=300, row_group_rows=row_group_rows)
+    writer.root = tmp_path
+    for start in range(0, rows, 97):  # arriving in odd-sized pieces
+        writer.write(frame.iloc[start:start + 97])
+    writer.close()
+    return shards.units(str(tmp_path))
+
+
+def _epoch(units, rank, world, workers, epoch=0, batch=16, seed=3) -> list[np.ndarray]:
+    stream = StreamingShards(units, FEATURES, "label", batch, rank=rank, world=world, workers=workers, seed=seed,
+                             buffer_rows=100)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
+    set_epoch(loader, epoch)
+    got = [xb[:, 0].numpy().astype(int) for xb, _ in loader]
+    assert len(got) == len(loader)
+    return got
+
+
+def test_row_groups_come_from_the_footers_in_order(tmp_path):
+    units = _split(tmp_path)
+    assert sum(u.rows for u in units) == 1000 and max(u.rows for u in units) <= 64
+    assert [u.file for u in units] == sorted(u.file for u in units) and len({u.file for u in units}) == 4
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_every_rank_gets_the_same_number_of_full_batches_of_distinct_rows(tmp_path, workers):
+    units = _split(tmp_path)
+    ranks = [_epoch(units, r, 3, workers) for r in range(3)]
+    counts = {len(r) for r in ranks}
+    assert len(counts) == 1  # nothing waits in a collective for a rank that ran out
+    seen = np.concatenate([b for r in ranks for b in r])
+    assert all(len(b) == 16 for r in ranks for b in r)
+    assert len(seen) == len(set(seen.tolist()))  # each row at most once per epoch
+    assert len(seen) >= 1000 - 3 * max(workers, 1) * 64 - 3 * 16  # only tails are left out
+
+
+@pytest.mark.timeout(120)
+def test_shuffles_are_seeded_per_epoch_and_reach_across_row_groups(tmp_path):
+    units = _split(tmp_path)
+    first = _epoch(units, 0, 2, 2, epoch=0)
+    assert [b.tolist() for b in first] == [b.tolist() for b in _epoch(units, 0, 2, 2, epoch=0)]  # seeded
+    assert [b.tolist() for b in first] != [b.tolist() for b in _epoch(units, 0, 2, 2, epoch=1)]  # per epoch
+    groups = [len(set((b // 64).tolist())) for b in first]  # a row group holds 64 consecutive ids
+    assert max(groups) > 1  # the buffer mixes rows of several row groups into one batch
+
+
+@pytest.mark.timeout(120)
+def test_persistent_workers_still_reshuffle_each_epoch(tmp_path):
+    units = _split(tmp_path)
+    stream = StreamingShards(units, FEATURES, "label", 16, rank=0, world=1, workers=2, seed=3, buffer_rows=100)
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
+    epochs = []
+    for epoch in range(2):
+        set_epoch(loader, epoch)  # the workers' copies never see this; they count their passes
+        epochs.append([xb[:, 0].tolist() for xb, _ in loader])
+    assert epochs[0] != epochs[1]
+    assert epochs[1] == [b.tolist() for b in _epoch(units, 0, 1, 2, epoch=1)]  # the same as a fresh epoch 1
+
+
+def _train_streamed(root: str) -> dict:
+    from flyscale.distributed import process_group
+    from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    units = shards.units(root)
+    data = TrainData(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, 2),
+                     torch.zeros(0, dtype=torch.long), stream=Stream(units, units, ["a", "b"], buffer_rows=128))
+    cfg = TrainConfig(epochs=3, batch_size=32, lr=0.01, num_workers=2)
+    with process_group(timeout_s=60) as ctx:
+        history = ddp(model, data, cfg, ctx, DDPOptions()).history
+    return {"val_accuracy": history.epochs[-1].val_accuracy, "samples": [m.samples_per_s > 0 for m in history.epochs]}
+
+
+@pytest.mark.timeout(240)
+def test_ddp_trains_on_streamed_shards_across_real_processes(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 2)).astype("float32")
+    label = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0).astype(int)  # 0, 1 or 2: learnable
+    writer = shards.ShardWriter("ddp", rows_per_file=1000, row_group_rows=250)
+    writer.write(pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "label": label}))
+    split = writer.close()
+    results = run_on_ranks(_train_streamed, 2, split.dir.path, timeout=200)
+    assert results[0] == results[1]  # metrics are reduced over ranks: both see the same numbers
+    assert results[0]["val_accuracy"] > 0.9 and all(results[0]["samples"])
+
+
+def test_an_in_memory_split_is_one_shard_read_back_whole(tmp_path):
+    frame = pd.DataFrame({"a": [1.0, 2.0, 3.0], "label": [0, 1, 0]})
+    split = shards.write(frame, "val")
+    assert split.rows == 3 and len(shards.files(split.dir.path)) == 1
+    pd.testing.assert_frame_equal(shards.read(split.dir.path), frame)
+    empty = shards.write(frame.head(0), "empty")
+    assert empty.rows == 0 and shards.read(empty.dir.path).empty
+
+
+def test_the_context_decides_rank_and_world(tmp_path):
+    units = _split(tmp_path)
+    data = TrainData(torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES))
+    loader = data.train_loader(TrainConfig(batch_size=16), DistContext(rank=1, world_size=2))
+    assert loader.dataset.rank == 1 and loader.dataset.world == 2
+    same = data.train_loader(TrainConfig(batch_size=16), DistContext(rank=1, world_size=2), shard=False)
+    assert same.dataset.rank == 0 and same.dataset.world == 1  # pipelining: every stage the same batches
+
+
+# --- preparing streamed data: chunk by chunk, the same verdicts as in memory -----------------------
+
+
+def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(tmp_path):
+    from flyscale import data, stream_prep, validation
+    from flyscale.config import DataConfig
+    from flyscale.validation import Reference
+
+    rng = np.random.default_rng(0)
+    first_row = None  # of the first file, once written
+    for i in range(3):
+        frame = pd.DataFrame(rng.random((400, 3)), columns=["f0", "f1", "f2"]).assign(target=np.arange(400) % 3)
+        frame.loc[7 + i, "f0"] = np.nan
+        frame.loc[20 + i, "f1"] = 5.0
+        frame.loc[30, "target"] = 9
+        if i == 2:
+            frame.iloc[50] = frame.iloc[60].to_numpy()  # a duplicate within a file
+            frame.iloc[70] = first_row  # and one of a row in another file
+        if i == 0:
+            first_row = frame.iloc[0].to_numpy()
+        frame.to_parquet(tmp_path / f"part-{i}.parquet", index=False, row_group_size=128)
+    options = {"path": str(tmp_path), "label": "target", "ranges": {"f1": [0.0, 1.0]}}
+    memory_cfg = DataConfig(dataset="parquet", options=options, max_quarantine_fraction=0.5)
+    stream_cfg = DataConfig(dataset="parquet_stream", options=options, max_quarantine_fraction=0.5)
+    frame, info = data.load(memory_cfg)
+    _, in_memory, memory_report, _ = validation.validate(frame, memory_cfg, info)
+    r = stream_cfg.plugin
+    prepared = stream_prep.prepare(r.plugin.chunks(r.options, rows=100), stream_cfg, info, Reference())
+    streamed = shards.read(prepared.quarantined.dir.path)
+    origin = lambda q: sorted(zip(q["source_file"], q["source_row"]))  # noqa: E731
+    assert origin(streamed) == origin(in_memory) and len(streamed) == 3 * 3 + 2
+    report = prepared.report
+    assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (1200, 1200 - 11, 11)
+    assert prepared.train.rows + prepared.val.rows + prepared.test.rows == report.valid_rows  # nothing lost
+    assert 0.1 < prepared.test.rows / report.valid_rows < 0.3 and 0.05 < prepared.val.rows / report.valid_rows < 0.25
+    assert sum(report.checks.values()) == sum(memory_report.checks.values()) == 11
+    assert prepared.profile.rows == report.valid_rows and set(prepared.profile.features) == {"f0", "f1", "f2"}
+    # Split by where each row came from: the same data always splits the same way.
+    again = stream_prep.prepare(r.plugin.chunks(r.options, rows=300), stream_cfg, info, Reference())
+    assert (again.train.rows, again.val.rows, again.test.rows) == (prepared.train.rows, prepared.val.rows, prepared.test.rows)
