@@ -3,6 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The browser test (tests/test_registry_e2e.py) drives Debian's chromium through Playwright; Playwright's
+# own browser download does not work on our machines. Installed once, only when it is missing.
+CHROMIUM := /usr/bin/chromium
+CHROMIUM_STAMP := $(VENV)/.chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # pytest-timeout guards every test; distributed tests set tighter ones themselves.
 PYTEST_ARGS ?=
 
@@ -20,8 +25,20 @@ $(STAMP): requirements.lock pyproject.toml
 run: $(STAMP)
 	$(BIN)/pyflyte run workflows/train.py training_pipeline $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+$(CHROMIUM_STAMP): | $(STAMP)
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  echo "installing Debian's chromium for the MLflow UI test (apt-get)"; \
+	  { $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; } || { \
+	    echo "error: could not install chromium with apt-get (needs root or sudo, and a Debian package mirror)." >&2; \
+	    echo "       Install it yourself: apt-get install chromium (tests/test_registry_e2e.py needs $(CHROMIUM))" >&2; \
+	    exit 1; }; \
+	fi
+	@[ -x $(CHROMIUM) ] || { echo "error: apt-get ran but $(CHROMIUM) is still missing" >&2; exit 1; }
+	touch $@
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks

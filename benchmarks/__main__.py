@@ -1,8 +1,16 @@
 """`make bench`: run every benchmark in turn, each printing its own ratio."""
 
-from benchmarks import bench_cache, bench_dataloader, bench_ddp, bench_streaming, bench_trainer, bench_validation
+from benchmarks import (
+    bench_cache,
+    bench_dataloader,
+    bench_ddp,
+    bench_quantize,
+    bench_streaming,
+    bench_trainer,
+    bench_validation,
+)
 
 if __name__ == "__main__":
-    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache):
+    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_quantize):
         bench.main()
         print()

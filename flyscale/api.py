@@ -21,11 +21,12 @@ from flyscale.contracts import (
     StrategyPlugin,
 )
 from flyscale.distributed import DistContext
+from flyscale.evaluation import higher_is_better
 from flyscale.schemas import default_row_schema
 from flyscale.training import TrainData, TrainResult
 
 __all__ = [
     "DatasetInfo", "GateVerdict", "default_row_schema", "SOURCE_FILE", "SOURCE_ROW",
     "DatasetPlugin", "ModelPlugin", "AugmentationPlugin", "StrategyPlugin", "QuantizerPlugin", "GatePlugin",
-    "DistContext", "TrainData", "TrainResult",
+    "DistContext", "TrainData", "TrainResult", "higher_is_better",
 ]

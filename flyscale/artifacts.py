@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -32,10 +32,35 @@ def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
     return cfg.plugin.plugin, cfg.plugin.options
 
 
-def quantize(model: nn.Module, cfg: QuantizeConfig) -> nn.Module:
-    """A quantized copy of `model` by the configured quantizer."""
+def quantize(model: nn.Module, cfg: QuantizeConfig, calibration: Sequence[torch.Tensor] | None = None) -> nn.Module:
+    """A quantized copy of `model` by the configured quantizer.
+
+    `calibration`: float32 feature batches of the training split, (batch, n_features) each, for
+    a quantizer that calibrates (`calibrates = True`); others never see it.
+    """
     r = cfg.plugin
-    return _module(r.plugin.quantize(model, r.options), f"quantizer {cfg.name!r}: quantize()")
+    where = f"quantizer {cfg.name!r}"
+    if not r.attribute("calibrates"):
+        return _module(r.plugin.quantize(model, r.options), f"{where}: quantize()")
+    if not calibration:
+        raise ValueError(
+            f"{where} calibrates on data: pass calibration, a list of float32 feature batches "
+            "(batch, n_features) from the training split (e.g. flyscale.data.calibration_batches)"
+        )
+    return _module(r.plugin.quantize(model, r.options, list(calibration)), f"{where}: quantize()")
+
+
+def rebuild_quantized(model: nn.Module, cfg: QuantizeConfig, info: DatasetInfo) -> nn.Module:
+    """An empty int8 module of `model`'s quantized architecture, to `load_state` saved int8 weights into.
+
+    A calibrating quantizer is calibrated on a synthetic batch of the right shape: the real
+    scales and zero points are buffers of the saved state_dict and replace these on loading.
+    """
+    calibration = None
+    if cfg.plugin.attribute("calibrates"):
+        g = torch.Generator().manual_seed(0)
+        calibration = [torch.randn(8, len(info.feature_columns), generator=g)]
+    return quantize(model, cfg, calibration)
 
 
 def save_state(model: nn.Module, name: str) -> str:

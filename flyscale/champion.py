@@ -26,6 +26,7 @@ from flytekit.exceptions.user import FlyteRecoverableException
 log = logging.getLogger(__name__)
 
 WEIGHTS_TAG = "flyscale.weights_sha256"  # on every version flyscale registers
+TEST_DATA_TAG = "flyscale.test_data_sha256"  # on each version: the fingerprint of the test split it was scored on
 JUDGED_TAG = "flyscale.judged_against_version"  # on each version: the champion it was judged against ("" = none)
 LOCK_SUFFIX = ".promotion-lock"
 
@@ -39,13 +40,18 @@ class ChampionRef:
     version: str = ""
     run_id: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # its test metrics, without the test_ prefix
+    test_sha256: str = ""  # the fingerprint of the test data those metrics were measured on
 
     def label(self) -> str:
         return f"v{self.version}" if self.version else "no champion"
 
-    def for_gate(self) -> dict[str, float] | None:
-        """What a gate plugin receives: the champion's metrics and version, or None."""
-        return {**self.metrics, "version": float(self.version)} if self.version else None
+    def for_gate(self, test_sha256: str = "") -> dict[str, float] | None:
+        """What a gate plugin receives: the champion's metrics and version, and whether it was
+        tested on this run's test data (1.0, or 0.0), or None when there is no champion."""
+        if not self.version:
+            return None
+        same = 1.0 if not (self.test_sha256 and test_sha256) or self.test_sha256 == test_sha256 else 0.0
+        return {**self.metrics, "version": float(self.version), "same_test_data": same}
 
 
 @dataclass
@@ -98,7 +104,7 @@ def _ref(client, model_name: str, alias: str, version) -> ChampionRef:
     run_id = version.tags.get("flyscale.run_id") or version.run_id
     metrics = client.get_run(run_id).data.metrics
     found = {k.removeprefix("test_"): float(v) for k, v in metrics.items() if k.startswith("test_")}
-    return ChampionRef(model_name, alias, str(version.version), run_id, found)
+    return ChampionRef(model_name, alias, str(version.version), run_id, found, version.tags.get(TEST_DATA_TAG, ""))
 
 
 def baseline(client, model_name: str, alias: str, candidate_sha256: str) -> ChampionRef:
@@ -213,3 +219,36 @@ def promote(
                         client.set_registered_model_alias(name, alias, before)
             raise
     return Promotion(True, f"'{alias}' moved from {judged.label()} to v{version}")
+
+
+def move_alias(
+    client, model_name: str, alias: str, to_version: str, action: str, who: str, why: str,
+    lock_timeout_s: float = 120.0, lock_stale_s: float = 600.0,
+) -> str:
+    """Point `alias` of the model, and of its int8 twin, at `to_version` (a person's decision:
+    `flyscale rollback` or `flyscale promote`), under the promotion lock; who and why are recorded
+    as tags on the version and on the model. Returns what happened, in words."""
+    from mlflow.exceptions import MlflowException
+
+    if not why.strip():
+        raise ValueError(f"say why you {action} (--reason): it is recorded with the alias move")
+    try:
+        target = client.get_model_version(model_name, to_version)
+    except MlflowException as exc:
+        if _missing(exc):
+            raise ValueError(f"{model_name!r} has no version {to_version!r}") from None
+        raise
+    moves = [(model_name, str(target.version))]
+    run_id = target.tags.get("flyscale.run_id") or target.run_id
+    twins = client.search_model_versions(f"name = '{model_name}-int8' and tags.`flyscale.run_id` = '{run_id}'")
+    if twins:
+        moves.append((f"{model_name}-int8", str(twins[0].version)))
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+        before = current_version(client, model_name, alias)
+        note = (f"{action} by {who} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: '{alias}' "
+                f"from {f'v{before.version}' if before is not None else 'no version'} to v{target.version}: {why}")
+        for name, version in moves:
+            client.set_registered_model_alias(name, alias, version)
+            client.set_model_version_tag(name, version, f"flyscale.{action}", note)
+            client.set_registered_model_tag(name, "flyscale.last_alias_move", note)
+    return note + (f" (and {moves[1][0]} v{moves[1][1]})" if len(moves) > 1 else "")

@@ -2,6 +2,8 @@
 
     flyscale plugins                  # every installed plugin, by kind
     flyscale plugins --kind models    # one kind only
+    flyscale rollback --model NAME --to VERSION --reason "..."   # move `champion` back
+    flyscale promote --model NAME --version VERSION --reason "..." # a challenger becomes champion
 
 Each plugin is shown with its entry point ("module:attr"), the installed distribution that
 declared it (name and version), and whether it can be used: it imports, and it fits its kind's
@@ -15,6 +17,7 @@ sees whole lines rather than cells wrapped at 80 columns.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Iterable, Sequence
 
@@ -78,6 +81,27 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_move(args: argparse.Namespace) -> int:
+    """Move the alias to a version (rollback or promote), recording who and why."""
+    import getpass
+
+    from mlflow import MlflowClient
+
+    from flyscale import champion, tracking
+
+    action = "rollback" if args.command == "rollback" else "promote"
+    version = args.to if action == "rollback" else args.version
+    who = args.who or os.environ.get("USER") or getpass.getuser()
+    try:
+        note = champion.move_alias(MlflowClient(tracking.tracking_uri()), args.model, args.alias, version, action,
+                                   who, args.reason)
+    except ValueError as exc:
+        print(f"flyscale {args.command}: {exc}", file=sys.stderr)
+        return 2
+    print(note)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flyscale", description="flyscale command-line tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", choices=sorted(registry.ALL), help="show only this kind of plugin")
     plugins.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     plugins.set_defaults(func=cmd_plugins)
+    for name, flag, text in (("rollback", "--to", "point the alias back at an earlier version"),
+                             ("promote", "--version", "point the alias at a version (a challenger, say)")):
+        move = sub.add_parser(name, help=f"{text}; who and why are recorded as tags")
+        move.add_argument("--model", required=True, help="registered model name (its -int8 twin moves with it)")
+        move.add_argument(flag, required=True, dest=flag[2:], help="the version the alias should point at")
+        move.add_argument("--reason", required=True, help="why: recorded with the move")
+        move.add_argument("--alias", default="champion", help="the alias to move (default: champion)")
+        move.add_argument("--who", default="", help="who decided (default: $USER)")
+        move.set_defaults(func=cmd_move)
     return parser
 
 

@@ -260,7 +260,7 @@ class PreflightConfig(_Section):
 
 @dataclass
 class GateConfig(_Section):
-    """The evaluation gate a model must pass before it may become champion."""
+    """One evaluation gate: a gate plugin and its options."""
 
     _section = "gate"
     name: str = "min_metric"
@@ -275,18 +275,69 @@ class GateConfig(_Section):
         return self._plugin("gates", "name")
 
 
+def _default_gates() -> list[GateConfig]:
+    return [GateConfig("min_metric"), GateConfig("quantization")]
+
+
+@dataclass
+class GatesConfig(_Section):
+    """Every gate a model must pass before it is published; each verdict is recorded.
+
+    In YAML `gate:` is a list of gates (`- {name: min_metric}`), or one gate as a mapping
+    (`gate: {name: beats_champion}`), which is a list of one.
+    """
+
+    _section = "gate"
+    gates: list[GateConfig] = field(default_factory=_default_gates)
+
+    def __post_init__(self):
+        names = [g.name for g in self.gates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gate: a gate is listed twice in {names}; give each once, with all its options")
+
+    @staticmethod
+    def normalise(data: Any) -> Any:
+        """A list of gates, or one gate's mapping, as the {"gates": [...]} this section holds."""
+        if isinstance(data, list):
+            return {"gates": data}
+        if isinstance(data, dict) and "gates" not in data:
+            return {"gates": [data]}
+        return data
+
+    @classmethod
+    def check_mapping(cls, data: Any) -> None:
+        data = cls.normalise(data)
+        if isinstance(data, dict):
+            check_keys(cls._section, data, ["gates"], cls._what)
+            for gate in data.get("gates") or []:
+                GateConfig.check_mapping(gate)
+
+    @classmethod
+    def __pre_deserialize__(cls, data: Any) -> Any:
+        cls.check_mapping(data)
+        return cls.normalise(data)
+
+    @classmethod
+    def from_value(cls, data: Any) -> "GatesConfig":
+        """The section from what a YAML preset holds under `gate:`."""
+        data = cls.normalise(data or {})
+        cls.check_mapping(data)
+        gates = data.get("gates")
+        return cls() if gates is None else cls(gates=[g if isinstance(g, GateConfig) else GateConfig(**g) for g in gates])
+
+
 @dataclass
 class QuantizeConfig(_Section):
-    """Post-training quantization, and how much accuracy it may cost."""
+    """Post-training quantization: which quantizer, with which options."""
 
     _section = "quantize"
     name: str = "dynamic_int8"
     options: dict = field(default_factory=dict)
-    max_accuracy_drop: float = 0.01  # the quantization gate: int8 may lose at most this much accuracy
+    # How much accuracy int8 may cost is the `quantization` gate's: gate: [..., {name: quantization,
+    # options: {max_accuracy_drop: 0.01}}].
 
     def __post_init__(self):
         self.plugin  # noqa: B018 (resolving is the validation)
-        _fraction(self, "max_accuracy_drop")
 
     @property
     def plugin(self) -> Resolved:
@@ -302,6 +353,10 @@ class MlflowConfig(_Section):
     experiment: str = "flyscale"
     model_name: str = "flyscale-digits"
     alias: str = "champion"
+    # "auto": a model that passes every gate becomes `alias` (compare-and-set). "manual": it becomes
+    # `challenger_alias`, and a person moves `alias` with `flyscale promote` after looking.
+    promotion: str = "auto"
+    challenger_alias: str = "challenger"
     # Every MLflow request is retried this many times with exponential backoff (factor in
     # seconds) before the run fails with a retryable error; MLflow's own default is ~4 minutes.
     retries: int = 3
@@ -311,9 +366,13 @@ class MlflowConfig(_Section):
     lock_stale_s: float = 600.0  # a promotion lock older than this was left by a dead run
 
     def __post_init__(self):
-        for name in ("experiment", "model_name", "alias"):
+        for name in ("experiment", "model_name", "alias", "challenger_alias"):
             if not getattr(self, name).strip():
                 raise ValueError(f"mlflow.{name} must not be empty")
+        if self.promotion not in ("auto", "manual"):
+            raise ValueError(f"mlflow.promotion must be 'auto' or 'manual', got {self.promotion!r}")
+        if self.challenger_alias == self.alias:
+            raise ValueError(f"mlflow.challenger_alias must differ from mlflow.alias ({self.alias!r})")
         if self.retries < 0:
             raise ValueError(f"mlflow.retries must be >= 0, got {self.retries}")
         _positive(self, "retry_backoff_s", "request_timeout_s", "lock_timeout_s", "lock_stale_s")
@@ -330,7 +389,7 @@ class PipelineConfig(_Section):
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
+    gate: GatesConfig = field(default_factory=GatesConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
@@ -354,9 +413,13 @@ class PipelineConfig(_Section):
 def effective(cfg: PipelineConfig) -> dict[str, Any]:
     """The config as a nested dict, each plugin's options filled in with the plugin's defaults."""
     out = asdict(cfg)
-    for section in ("data", "model", "train", "gate", "quantize"):
+    for section in ("data", "model", "train", "quantize"):
         options = getattr(cfg, section).plugin.options
         out[section]["options"] = asdict(options) if options is not None else {}
+    out["gate"]["gates"] = [
+        {"name": g.name, "options": asdict(g.plugin.options) if g.plugin.options is not None else {}}
+        for g in cfg.gate.gates
+    ]
     out["augment"]["options"] = {r.name: asdict(r.options) for r in cfg.augment.plugins if r.options is not None}
     return out
 
@@ -372,8 +435,10 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     items = asdict(cfg).items() if is_dataclass(cfg) else cfg.items()
     for key, value in items:
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{name}."))
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))  # an empty one adds no name: {} is not a value
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            out.update(flatten({str(i): v for i, v in enumerate(value)}, f"{name}."))  # gate.gates.0.name
         else:
             out[name] = value
     return out
@@ -382,7 +447,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 # Field type (a string under `from __future__ import annotations`) -> section class.
 _SECTIONS = {
     c.__name__: c
-    for c in (DataConfig, AugmentConfig, ModelConfig, TrainConfig, PreflightConfig, GateConfig, QuantizeConfig, MlflowConfig)
+    for c in (DataConfig, AugmentConfig, ModelConfig, TrainConfig, PreflightConfig, GatesConfig, QuantizeConfig, MlflowConfig)
 }
 
 
@@ -391,4 +456,7 @@ def from_dict(data: dict[str, Any]) -> PipelineConfig:
     data = data or {}
     PipelineConfig.check_mapping(data)
     types = {f.name: f.type for f in fields(PipelineConfig)}
-    return PipelineConfig(**{key: _SECTIONS[types[key]](**(value or {})) for key, value in data.items()})
+    def build(section: type, value: Any) -> Any:
+        return section.from_value(value) if hasattr(section, "from_value") else section(**(value or {}))
+
+    return PipelineConfig(**{key: build(_SECTIONS[types[key]], value) for key, value in data.items()})

@@ -105,7 +105,15 @@ class StrategyPlugin(Protocol):
 
 
 class QuantizerPlugin(Protocol):
-    """Returns a quantized copy of a trained float model (the input is left untouched)."""
+    """Returns a quantized copy of a trained float model (the input is left untouched).
+
+    Optional attribute `calibrates` (default False): True when the quantizer observes data (static
+    quantization). flyscale then calls `quantize(model, options, calibration)`, calibration a
+    list of float32 feature batches of the training split, each (batch, n_features) flattened
+    as every model receives them. Its output's architecture must depend on the model alone, not
+    on the calibration values: to load saved int8 weights, flyscale rebuilds the architecture by
+    calibrating on a synthetic batch, and the state_dict brings back the real scales.
+    """
 
     def quantize(self, model: nn.Module, options: Any) -> nn.Module: ...
 
@@ -127,13 +135,19 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
     "strategies": {"options_type": None, "per_worker_batch": True},
-    "quantizers": {"options_type": None},
+    "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
 }
 
 # An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.
 REQUIRED_WHEN: dict[str, dict[str, str]] = {
     "datasets": {"streaming": "chunks"},
+}
+
+# An attribute that, when a plugin sets it true, makes flyscale pass a method more arguments:
+# {kind: {attribute: (method, [argument names])}}.
+ARGUMENTS_WHEN: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "quantizers": {"calibrates": ("quantize", ["model", "options", "calibration"])},
 }
 
 PROTOCOLS: dict[str, type] = {

@@ -144,6 +144,17 @@ def batches(split: Shards, info: DatasetInfo) -> Iterator[tuple[torch.Tensor, to
         yield torch.from_numpy(x), torch.from_numpy(y)
 
 
+CALIBRATION_ROWS = 512  # of the training split: what a calibrating quantizer sees of the data
+
+
+def calibration_batches(train: Shards, info: DatasetInfo, batch_size: int = 64) -> list[torch.Tensor]:
+    """The first rows of the training split as feature batches, for a quantizer that calibrates
+    (a row group at a time: a streamed split is never read whole)."""
+    frame = shards.head(train.dir.download(), CALIBRATION_ROWS, [*info.feature_columns, info.label_column])
+    x, _ = to_tensors(frame, info)
+    return list(torch.split(x, batch_size))
+
+
 def to_tensors(frame: pd.DataFrame, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:
     """(features float32 flattened, labels int64)."""
     x = torch.from_numpy(frame[info.feature_columns].to_numpy(dtype="float32"))

@@ -55,14 +55,17 @@ def register_flyscale_types() -> None:
         validation,
     )
     from flyscale.champion import ChampionRef
+    from flyscale.comparison import Comparison
+    from flyscale.latency import LatencyReport
     from flyscale.shards import Shards
     from flyscale.tracking import Registration
 
     register(
         config.PipelineConfig, config.DataConfig, config.AugmentConfig, config.ModelConfig, config.TrainConfig,
-        config.PreflightConfig, config.GateConfig, config.QuantizeConfig, config.MlflowConfig,
+        config.PreflightConfig, config.GateConfig, config.GatesConfig, config.QuantizeConfig, config.MlflowConfig,
         contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, validation.ValidationReport,
         validation.Reference, validation.PinnedSchema, validation.Profile, validation.FeatureProfile,
         evaluation.EvalMetrics, gating.Judgment, ChampionRef, preflight.PreflightReport, provenance.TaskRun,
         provenance.CacheReport, summary.RunSummary, Registration, training.TrainHistory, training.EpochMetrics, Shards,
+        Comparison, LatencyReport,
     )

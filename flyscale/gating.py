@@ -1,27 +1,54 @@
-"""Gate decisions: the configured gate plugin judges a candidate's test metrics against the
-champion read when the gate runs, and the judgment keeps that champion with the verdict, so
-registration can promote on exactly the facts the verdict was made on."""
+"""Gate decisions: every configured gate plugin judges the candidate's numbers against the
+champion read when the gates run, and the judgment keeps that champion with the verdicts, so
+registration can promote on exactly the facts the verdicts were made on. A model is published
+only when every gate passed."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from flyscale.champion import ChampionRef
-from flyscale.config import GateConfig
+from flyscale.config import GateConfig, GatesConfig
 from flyscale.contracts import GateVerdict, as_gate_verdict
 
 
 @dataclass
 class Judgment:
-    """A gate's verdict and the champion it was judged against."""
+    """Every gate's verdict, whether all passed, and the champion they were judged against."""
 
-    verdict: GateVerdict
+    verdicts: list[GateVerdict]
     champion: ChampionRef
+    passed: bool = False
+    test_data: str = ""  # how the test data compared with the champion's, in words ("" = no champion)
+    failed: list[str] = field(default_factory=list)  # the failed gates' reasons
+
+    @property
+    def verdict(self) -> GateVerdict:
+        """The first failed verdict, or the first verdict (for one-gate callers)."""
+        return next((v for v in self.verdicts if not v.passed), self.verdicts[0])
 
 
-def judge(cfg: GateConfig, metrics: Mapping[str, float], champion: ChampionRef) -> Judgment:
-    """The gate's verdict as flyscale's GateVerdict, whatever object the plugin returned."""
+def judge_one(cfg: GateConfig, metrics: Mapping[str, float], champion: Mapping[str, float] | None) -> GateVerdict:
+    """One gate's verdict as flyscale's GateVerdict, whatever object the plugin returned."""
     r = cfg.plugin
-    verdict = r.plugin.check(dict(metrics), r.options, champion.for_gate())
-    return Judgment(as_gate_verdict(verdict, f"gate {cfg.name!r}"), champion)
+    return as_gate_verdict(r.plugin.check(dict(metrics), r.options, champion), f"gate {cfg.name!r}")
+
+
+def judge(cfg: GatesConfig | GateConfig, metrics: Mapping[str, float], champion: ChampionRef,
+          test_sha256: str = "") -> Judgment:
+    """Every gate, in order; the champion's test data compared with this run's and said."""
+    gates = cfg.gates if isinstance(cfg, GatesConfig) else [cfg]
+    for_gate = champion.for_gate(test_sha256)
+    verdicts = [judge_one(g, metrics, for_gate) for g in gates]
+    test_data = ""
+    if champion.version:
+        if not champion.test_sha256 or not test_sha256:
+            test_data = f"champion {champion.label()} recorded no test-data fingerprint: compared as given"
+        elif champion.test_sha256 == test_sha256:
+            test_data = f"the same test data as champion {champion.label()} ({test_sha256[:12]})"
+        else:
+            test_data = (f"OTHER test data than champion {champion.label()} (its {champion.test_sha256[:12]}, this "
+                         f"run's {test_sha256[:12]}): its metrics were measured on its own test set")
+    passed = bool(verdicts) and all(v.passed for v in verdicts)
+    return Judgment(verdicts, champion, passed, test_data, [f"{v.name}: {v.reason}" for v in verdicts if not v.passed])

@@ -1,17 +1,25 @@
-"""The register stage as one function: both models rebuilt from their weights, one MLflow run
-with everything the run's decisions rested on, versions registered, the alias moved by
-compare-and-set. The task that calls it only unpacks Flyte's inputs."""
+"""The register stage as one function: one MLflow run with everything the run's decisions
+rested on, both models logged without pickle, versions registered only when every gate passed,
+the alias moved by compare-and-set. The tasks that call it only unpack Flyte's inputs."""
 
 from __future__ import annotations
 
-import torch
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
 
-from flyscale import artifacts, tracking
-from flyscale.config import PipelineConfig, flatten
-from flyscale.contracts import DatasetInfo, GateVerdict
+import numpy as np
+
+from flyscale import plots, tracking
+from flyscale.comparison import Comparison
+from flyscale.config import PipelineConfig, effective, flatten
+from flyscale.contracts import DatasetInfo
 from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
+from flyscale.model_spec import spec_json
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import CacheReport, TaskRun
 from flyscale.summary import RunSummary
@@ -21,26 +29,53 @@ from flyscale.validation import Profile, ValidationReport, reference_json
 ALWAYS_RUN = ["fingerprint_data", "read_reference", "gate_model", "summarize"]  # never cached: they read live state
 
 
+def git_commit() -> str:
+    """The commit the code came from: FLYSCALE_GIT_COMMIT (set in the image), else the checkout's."""
+    if os.environ.get("FLYSCALE_GIT_COMMIT"):
+        return os.environ["FLYSCALE_GIT_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def execution_id() -> str:
+    """The Flyte execution this runs in (`project:domain:name`; `local` for a local run)."""
+    try:
+        from flytekit import current_context
+
+        e = current_context().execution_id
+        return ":".join(p for p in (e.project, e.domain, e.name) if p) or "local"
+    except Exception:  # outside a task (a notebook, a test): there is no execution
+        return "none"
+
+
 def register(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantine_dir: str, profile: Profile, report_dir: str, history: TrainHistory, preflight: PreflightReport,
-    weights_path: str, fp32: EvalMetrics,
-    judgment: Judgment, int8_weights_path: str, int8: EvalMetrics, int8_gate: GateVerdict,
-    runs: list[TaskRun], started: TaskRun,
+    weights_path: str, fp32: EvalMetrics, test_sha256: str, judgment: Judgment, int8_weights_path: str,
+    int8: EvalMetrics, comparison: Comparison, runs: list[TaskRun], started: TaskRun, publish: bool,
 ) -> RunSummary:
-    """Log the run to MLflow and register both models; the alias moves only if every gate passed
-    and the champion is still the one the verdict was judged against."""
-    model = artifacts.load_state(artifacts.build_model(cfg.model, info), weights_path)
-    quantized = artifacts.quantize(artifacts.build_model(cfg.model, info), cfg.quantize)
-    qmodel = artifacts.load_state(quantized, int8_weights_path)
-    verdicts = [judgment.verdict, int8_gate]
+    """Log the run to MLflow with both models; when `publish` (every gate passed) register them
+    and move the alias if the champion is still the one the verdicts were judged against."""
     cache = CacheReport.of(runs, started.started_at, ALWAYS_RUN)
+    config = effective(cfg)
+    config_sha = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+    figures = {
+        "plots/reliability_fp32.png": plots.reliability_diagram(fp32, "fp32 reliability", _tmp("reliability.png")),
+        "plots/learning_curves.png": plots.learning_curves(history, _tmp("curves.png")),
+        "plots/latency.png": plots.latency_plot(
+            {"fp32": comparison.fp32_latency, f"int8 ({comparison.quantizer})": comparison.int8_latency},
+            _tmp("latency.png")),
+    }
     record = tracking.RunRecord(
         params=flatten(cfg),
         history=history,
         fp32=fp32,
         int8=int8,
-        verdicts=verdicts,
+        verdicts=judgment.verdicts,
         preflight=preflight,
         quarantine_dir=quarantine_dir,
         validation=report,
@@ -51,6 +86,7 @@ def register(
             "flyscale.world_size": str(history.world_size),
             "flyscale.data_fingerprint": fingerprint.value,
             "flyscale.data_fingerprint_method": fingerprint.method,
+            "flyscale.test_data": judgment.test_data or "no champion to compare with",
             **{f"flyscale.cache.{task}": status for task, status in cache.status().items()},
         },
         judged_against=judgment.champion,
@@ -58,10 +94,35 @@ def register(
         data_sha256=fingerprint.value,
         reference_json=reference_json(info, profile),
         validation_dir=report_dir,
+        config=config,
+        lineage={
+            "flyscale.data_fingerprint": fingerprint.value,
+            "flyscale.config_sha256": config_sha,
+            "flyscale.git_commit": git_commit(),
+            "flyscale.flyte_execution": execution_id(),
+            "flyscale.image": os.environ.get("FLYSCALE_IMAGE", "") or "unset",
+        },
+        test_sha256=test_sha256,
+        metrics={f"test_{k}": v for k, v in comparison.scalars().items()},
+        figures=figures,
+        tables={"latency.json": [*comparison.fp32_latency.table(), *comparison.int8_latency.table()]},
+        started_at=started.started_at,
     )
-    example = torch.zeros(2, len(info.feature_columns))
-    registration = tracking.publish(record, model, qmodel, example, cfg.mlflow, run_name=f"{cfg.model.name}-{history.strategy}")
+    example = np.zeros((2, len(info.feature_columns)), dtype="float32")
+    name = tracking.run_name(cfg.model.name, history.strategy, history.world_size, fingerprint.value, started.started_at)
+    registration = tracking.publish(
+        record,
+        tracking.ModelFiles(weights_path, spec_json(cfg.model, info, None)),
+        tracking.ModelFiles(int8_weights_path, spec_json(cfg.model, info, cfg.quantize)),
+        example, cfg.mlflow, name, register=publish,
+    )
     return RunSummary(
-        validation=report, fp32=fp32, int8=int8, verdicts=verdicts, registration=registration, preflight=preflight,
-        fingerprint=fingerprint,
+        validation=report, fp32=fp32, int8=int8, verdicts=judgment.verdicts, registration=registration,
+        preflight=preflight, fingerprint=fingerprint, comparison=comparison, test_data=judgment.test_data,
     )
+
+
+def _tmp(name: str) -> str:
+    import tempfile
+
+    return str(Path(tempfile.mkdtemp(prefix="flyscale-plot-")) / name)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Iterator, Mapping
 
-from flyscale.contracts import OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, PROTOCOLS, REQUIRED_WHEN
+from flyscale.contracts import ARGUMENTS_WHEN, OPTIONAL_ATTRIBUTES, OPTIONAL_METHODS, PROTOCOLS, REQUIRED_WHEN
 from flyscale.strict import check_keys
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,12 @@ def contract_problems(kind: str, plugin: Any) -> list[str]:
     """What `plugin` lacks to be a `kind` plugin, in words; empty when it conforms."""
     problems = []
     optional = OPTIONAL_METHODS.get(kind, {})
-    for method, params in {**_required_methods(kind), **optional}.items():
+    methods = {**_required_methods(kind), **optional}
+    because = {}  # {method: the attribute that changed its arguments}
+    for attribute, (method, params) in ARGUMENTS_WHEN.get(kind, {}).items():
+        if getattr(plugin, attribute, False):
+            methods[method], because[method] = params, f" (it sets {attribute} = True)"
+    for method, params in methods.items():
         itself = method == "__call__"  # augmentations and strategies are called directly
         expected = f"({', '.join(params)})" if itself else f"{method}({', '.join(params)})"
         target = plugin if itself else getattr(plugin, method, None)
@@ -95,7 +100,8 @@ def contract_problems(kind: str, plugin: Any) -> list[str]:
             try:
                 inspect.signature(target).bind(*params)
             except TypeError:
-                problems.append(f"has {'' if itself else method}{inspect.signature(target)}, not {expected}")
+                got = f"{'' if itself else method}{inspect.signature(target)}"
+                problems.append(f"has {got}, not {expected}{because.get(method, '')}")
             except ValueError:  # a builtin without a signature: trust it
                 pass
     for attribute, method in REQUIRED_WHEN.get(kind, {}).items():

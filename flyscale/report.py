@@ -9,7 +9,11 @@ from __future__ import annotations
 import base64
 import html
 import io
+import tempfile
 
+from flyscale import plots
+from flyscale.comparison import Comparison
+from flyscale.evaluation import EvalMetrics, plot_confusion
 from flyscale.training import TrainHistory
 
 
@@ -71,4 +75,35 @@ def learning_curves_html(history: TrainHistory) -> str:
         f"<h3>Learning curves</h3><p>{summary}</p>{diagnosis}"
         f'<img alt="learning curves" src="data:image/png;base64,{png}"/>'
         f"{_epoch_table(history)}"
+    )
+
+
+def _png(path: str) -> str:
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode("ascii")
+
+
+def evaluation_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison) -> str:
+    """The "Evaluation" Deck: test metrics of both models, latency side by side, the confusion
+    matrices, the reliability diagram and latency against batch size (the same plots as in MLflow)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        images = {
+            "fp32 confusion": plot_confusion(fp32.confusion, "fp32 test confusion", f"{tmp}/c32.png"),
+            "int8 confusion": plot_confusion(int8.confusion, "int8 test confusion", f"{tmp}/c8.png"),
+        }
+        plots.reliability_diagram(fp32, "fp32 reliability", f"{tmp}/rel.png")
+        plots.latency_plot({"fp32": comparison.fp32_latency, comparison.quantizer: comparison.int8_latency},
+                           f"{tmp}/lat.png")
+        images |= {"reliability": f"{tmp}/rel.png", "latency": f"{tmp}/lat.png"}
+        figures = "".join(f'<img alt="{html.escape(k)}" src="data:image/png;base64,{_png(v)}"/>' for k, v in images.items())
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{m.accuracy:.4f}</td><td>{m.macro_f1:.4f}</td><td>{m.loss:.4f}</td>"
+        f"<td>{m.ece:.4f}</td><td>{m.size_bytes / 1024:.1f}</td></tr>"
+        for label, m in (("fp32", fp32), (html.escape(comparison.quantizer), int8))
+    )
+    latency = "".join(f"<li>{html.escape(line)}</li>" for line in comparison.lines())
+    return (
+        "<h3>Evaluation on the test split</h3><table><thead><tr><th>model</th><th>accuracy</th><th>macro-F1</th>"
+        f"<th>loss</th><th>ECE</th><th>KiB</th></tr></thead><tbody>{rows}</tbody></table>"
+        f"<h4>Latency, measured side by side</h4><ul>{latency}</ul>{figures}"
     )

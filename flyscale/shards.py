@@ -7,6 +7,7 @@ the tasks after preparation see one type, so one workflow serves both.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import tempfile
@@ -132,3 +133,14 @@ def size_bytes(path: str) -> int:
 
 def batches_per_epoch(rows: int, batch_size: int) -> int:
     return math.floor(rows / batch_size)
+
+
+def content_sha256(path: str) -> str:
+    """sha256 over the split's files in order (names and bytes): what a test set is recognised by."""
+    digest = hashlib.sha256()
+    for f in files(path):
+        digest.update(Path(f).name.encode() + b"\0")
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flyscale.comparison import Comparison
 from flyscale.contracts import GateVerdict
 from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
@@ -12,11 +13,16 @@ from flyscale.provenance import CacheReport
 from flyscale.tracking import Registration
 from flyscale.validation import ValidationReport
 
+# MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's
+# last choice) says "machine learning"; this path lands on the runs table.
+RUNS_VIEW = "#/experiments/{id}?workflowType=machine_learning"
 
-def _ui_command(uri: str) -> str:
+
+def _ui_command(uri: str, experiment_id: str) -> str:
+    page = RUNS_VIEW.format(id=experiment_id)
     if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+        return f"open {uri.rstrip('/')}/{page}"
+    return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000/{page}"
 
 
 @dataclass
@@ -31,6 +37,8 @@ class RunSummary:
     preflight: PreflightReport
     fingerprint: DataFingerprint
     cache: CacheReport | None = None  # filled in by the last task of each execution
+    comparison: Comparison | None = None  # int8 against fp32, latency side by side
+    test_data: str = ""  # the test data against the champion's
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -54,21 +62,30 @@ class RunSummary:
                 f"  preflight   PASSED: {p.steps} steps at world size 1 vs {p.world_size}, "
                 f"max relative loss difference {p.max_rel_diff:.1e} (tolerance {p.rtol:.0e})"
             )
+        if self.comparison is not None:
+            lines += [f"  latency     {line}" for line in self.comparison.lines()]
         for g in self.verdicts:
             lines.append(f"  gate        {g.name}: {'PASSED' if g.passed else 'FAILED'} ({g.reason})")
         judged = f"v{r.judged_against}" if r.judged_against else "no champion"
         champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved"
-        lines += [
-            f"  judged      against {judged} ('{r.alias}' when the gate ran)",
-            f"  mlflow      run {r.run_id} (experiment {r.experiment_id}) at {r.tracking_uri}",
-            f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}; {champion}",
-            f"  promotion   {r.promotion}",
-        ]
+        lines.append(f"  judged      against {judged} ('{r.alias}' when the gate ran)")
+        if self.test_data:
+            lines.append(f"  test data   {self.test_data}")
+        lines.append(f"  mlflow      run {r.run_id} (experiment {r.experiment_id}) at {r.tracking_uri}")
+        if r.run_name:
+            lines.append(f"  run name    {r.run_name}")
+        if r.model_version:
+            again = " (this training run was registered before: no new version)" if r.reused else ""
+            lines.append(f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}"
+                         f"{again}; {champion}")
+        else:
+            lines.append("  registered  no version: the candidate and its models are logged with the run only")
+        lines.append(f"  promotion   {r.promotion}")
         if self.cache is not None:
             c = self.cache
             lines.append(f"  cache       ran {', '.join(c.ran) or 'nothing'}; from the cache: {', '.join(c.cached) or 'nothing'}")
             lines.append(f"              always run: {', '.join(c.always)} (they read the data and the champion as they are now)")
             if "register_model" in c.cached:
                 lines.append("              registration is the cached one of an earlier execution: nothing was registered again")
-        lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri)}")
+        lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri, r.experiment_id)}")
         return "\n".join(lines)

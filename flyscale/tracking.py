@@ -10,15 +10,18 @@ registered is deleted again and the run fails with a retryable error.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
+import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
-from torch import nn
 
 from flyscale import champion
 from flyscale.champion import ChampionRef, Promotion
@@ -32,6 +35,10 @@ from flyscale.validation import Reference, ValidationReport, load_reference
 log = logging.getLogger(__name__)
 
 DEFAULT_STORE = "mlflow.db"
+# What MLflow 3 records an experiment's kind in. (MLflow 3.17's UI still opens every experiment
+# on the GenAI overview unless the URL says ?workflowType=machine_learning: the summary prints that URL.)
+KIND_TAG = "mlflow.experimentKind"
+TRAINING_KIND = "custom_model_development"
 DATA_TAG = "flyscale.data_sha256"  # on each version: the content fingerprint of the data it was trained on
 REFERENCE_TAG = "flyscale.reference_version"  # on each version: the version whose reference its data met
 
@@ -49,13 +56,15 @@ class Registration:
     experiment_id: str
     run_id: str
     model_name: str
-    model_version: str
+    model_version: str  # "" when nothing was registered (a gate failed)
     int8_model_name: str
     int8_model_version: str
     champion: bool  # whether the alias was moved to these versions
     alias: str
     promotion: str = ""  # why it moved, or why not
     judged_against: str = ""  # the champion the verdict was judged against ("" = none)
+    run_name: str = ""
+    reused: bool = False  # these weights were registered before: the existing versions were kept
 
 
 @dataclass
@@ -76,6 +85,13 @@ class RunRecord:
     data_sha256: str = ""  # the content fingerprint of the data trained on
     reference_json: str = ""  # this data's pinned schema and profile: the reference for later batches
     validation_dir: str = ""  # the validation report (HTML and its plot), logged as it is
+    config: dict[str, Any] = field(default_factory=dict)  # the effective config, whole: logged as config.yaml
+    lineage: dict[str, str] = field(default_factory=dict)  # tags on every registered version
+    test_sha256: str = ""  # the fingerprint of the test split the metrics were measured on
+    metrics: dict[str, float] = field(default_factory=dict)  # further test metrics (latency, ece, per class)
+    figures: dict[str, Any] = field(default_factory=dict)  # {artifact path: matplotlib Figure}
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # {artifact file: rows}, for mlflow.log_table
+    started_at: float = 0.0  # when the execution started (the run's start time)
 
 
 @contextlib.contextmanager
@@ -150,24 +166,115 @@ def _metric_name(text: str) -> str:
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in text)
 
 
+def use_experiment(client, name: str) -> str:
+    """The experiment's id, created as a model-training experiment (MLflow's kind tag); an
+    existing one without a kind gets it."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, tags={KIND_TAG: TRAINING_KIND})
+        except MlflowException as exc:  # created by a concurrent run meanwhile
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+    if KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+    return experiment.experiment_id
+
+
+def run_name(model: str, strategy: str, world_size: int, data_sha256: str, started_at: float) -> str:
+    """`mlp-ddp2-data1c6f78c9-20261201-103512`: the model, the strategy and workers, the data
+    version and when the execution started, so runs are told apart in the UI's lists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started_at))
+    return f"{model}-{strategy}{world_size}-data{data_sha256[:8]}-{stamp}"
+
+
+class LiveRun:
+    """The execution's MLflow run, opened by training's rank 0, which logs every epoch to it as
+    the epoch ends, so the curves grow in the UI while training runs. Best effort: MLflow being
+    away costs the live curves (registration logs them afterwards), never the training."""
+
+    def __init__(self, cfg: MlflowConfig, name: str, started_at: float):
+        self.run_id, self._client = "", None
+        try:
+            from mlflow import MlflowClient
+
+            with client_settings(cfg):
+                client = MlflowClient(tracking_uri())
+                run = client.create_run(use_experiment(client, cfg.experiment), start_time=int(started_at * 1000),
+                                        run_name=name, tags={"flyscale.live": "training"})
+            self.run_id, self._client, self._cfg = run.info.run_id, client, cfg
+        except Exception as exc:  # noqa: BLE001 (any failure of the store: train on, log later)
+            log.warning("MLflow is not reachable for live training curves (%s); they are logged at registration", exc)
+
+    def epoch(self, m) -> None:
+        if self._client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, m.epoch) for k, v in m.per_epoch().items() if v is not None]
+        try:
+            with client_settings(self._cfg):
+                self._client.log_batch(self.run_id, metrics=metrics)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not log epoch %d to MLflow live (%s); registration logs it", m.epoch + 1, exc)
+
+    def failed(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.set_terminated(self.run_id, "FAILED")
+
+
+def _continued_run(client, history: TrainHistory) -> str:
+    """The run training logged live in this execution (still RUNNING), or "" for a new one: a
+    cached training step's run belongs to the execution that trained it."""
+    if not history.mlflow_run_id:
+        return ""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(history.mlflow_run_id)
+    except MlflowException:
+        return ""
+    return history.mlflow_run_id if run.info.status == "RUNNING" else ""
+
+
 def _pip_requirements() -> list[str]:
     # Naming them skips MLflow's slow requirement inference; the +cpu label is not on PyPI.
-    return [f"torch=={torch.__version__.split('+')[0]}"]
+    return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={_version('mlflow')}"]
 
 
-def _log_run(record: RunRecord, passed: bool) -> None:
-    """Params, per-epoch and test metrics, tags and artifacts of the active run."""
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+MAX_PARAM_CHARS = 6000  # MLflow 3's limit on a param value
+
+
+def _log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
+    """Params, per-epoch (unless logged live) and test metrics, tags and artifacts of the active run."""
     import mlflow
 
     mlflow.set_tags({**record.tags, "flyscale.gates": "passed" if passed else "failed",
                      "flyscale.judged_against": record.judged_against.label()})
-    mlflow.log_params({k: str(v)[:500] for k, v in record.params.items()})
-    for m in record.history.epochs:
+    # Whole values (the full config is config.yaml beside them); only a value past MLflow's own
+    # limit is cut, and it says so.
+    mlflow.log_params({k: (str(v) if len(str(v)) <= MAX_PARAM_CHARS else str(v)[: MAX_PARAM_CHARS - 40]
+                          + " ... (cut: see config.yaml)") for k, v in record.params.items()})
+    if record.config:
+        mlflow.log_dict(record.config, "config.yaml")  # feed it back with `pyflyte run ... --cfg config.yaml`
+    for m in record.history.epochs if not epochs_logged else []:
         # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
         mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
     mlflow.log_metrics({
         **record.fp32.scalars("test_"),
         **record.int8.scalars("int8_test_"),
+        **{_metric_name(k): v for k, v in record.metrics.items()},
         "int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy,
         "validation_total_rows": record.validation.total_rows,
         "validation_valid_rows": record.validation.valid_rows,
@@ -186,6 +293,13 @@ def _log_run(record: RunRecord, passed: bool) -> None:
         mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
+    for path, figure in record.figures.items():
+        mlflow.log_figure(figure, path)
+    if record.tables:
+        import pandas as pd
+
+        for path, rows in record.tables.items():
+            mlflow.log_table(pd.DataFrame(rows), path)
     with tempfile.TemporaryDirectory() as tmp:
         # Every rejected row, as it came in, with its file, its row in the file and the reason.
         mlflow.log_artifacts(record.quarantine_dir, artifact_path="data/quarantine")
@@ -198,76 +312,138 @@ def _log_run(record: RunRecord, passed: bool) -> None:
             mlflow.log_artifact(png, artifact_path="plots")
 
 
+@dataclass
+class ModelFiles:
+    """One model as flyscale logs it: its weights (a state_dict file) and what rebuilds it."""
+
+    weights_path: str
+    spec_json: str  # flyscale/model_spec.py
+
+
+def _log_model(files: ModelFiles, name: str, example: np.ndarray, tmp: str):
+    """A pickle-free MLflow model: flyscale/mlflow_model.py as its code, weights and spec as
+    artifacts, with a signature and an input example. Returns the ModelInfo (a LoggedModel)."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from flyscale.model_spec import build
+
+    spec = Path(tmp) / f"{name}_spec.json"
+    spec.write_text(files.spec_json)
+    with warnings.catch_warnings():  # MLflow asks for type hints on predict(); the signature says it all
+        warnings.filterwarnings("ignore", message=".*type hints to the `predict` method", category=UserWarning)
+        from flyscale import mlflow_model
+
+        probabilities = mlflow_model.FlyscaleModel()
+        probabilities.model = build(json.loads(files.spec_json), files.weights_path)
+        signature = infer_signature(example, probabilities.predict(None, example))
+        return mlflow.pyfunc.log_model(
+            name=name, python_model=mlflow_model.__file__, artifacts={"weights": files.weights_path, "spec": str(spec)},
+            signature=signature, input_example=example, pip_requirements=_pip_requirements(),
+        )
+
+
+REGISTRATION_TAG = "flyscale.registration_key"  # these weights trained on this data: one version, however often registered
+
+
+def _registration_key(record: RunRecord) -> str:
+    """The identity of a training run's result: its weights and the data they were trained and
+    tested on (the same weights from other data are another run, with another lineage)."""
+    return f"{record.weights_sha256}:{record.data_sha256}"
+
+
+def _registered(client, name: str, key: str):
+    """The version of `name` already registered for this key, or None (registration is idempotent)."""
+    found = client.search_model_versions(f"name = '{name}' and tags.`{REGISTRATION_TAG}` = '{key}'")
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
 def publish(
-    record: RunRecord, fp32_model: nn.Module, int8_model: nn.Module, example: torch.Tensor, cfg: MlflowConfig,
-    run_name: str,
+    record: RunRecord, fp32: ModelFiles, int8: ModelFiles, example: np.ndarray, cfg: MlflowConfig, name: str,
+    register: bool,
 ) -> Registration:
-    """Log the run, register both models, and move the alias (compare-and-set) if every gate passed."""
+    """Log the run and both models; when `register` (every gate passed), register them (once per
+    weights) and move the alias by compare-and-set, or set the challenger alias for a person to
+    promote. A failed candidate is logged, with its models, and registered as no version."""
     with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
-        return _publish(record, fp32_model, int8_model, example, cfg, run_name)
+        return _publish(record, fp32, int8, example, cfg, name, register)
 
 
-def _publish(record, fp32_model, int8_model, example, cfg: MlflowConfig, run_name: str) -> Registration:
+def _publish(record, fp32: ModelFiles, int8: ModelFiles, example, cfg: MlflowConfig, name: str,
+             register: bool) -> Registration:
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment(cfg.experiment)
     client = MlflowClient(uri)
+    experiment_id = use_experiment(client, cfg.experiment)
+    mlflow.set_experiment(experiment_id=experiment_id)
     passed = all(v.passed for v in record.verdicts)
     names = (cfg.model_name, f"{cfg.model_name}-int8")
     registered: list[tuple[str, str]] = []
-    with mlflow.start_run(run_name=run_name) as run:  # an exception ends the run as FAILED
+    created: list[tuple[str, str]] = []  # only what this run added is undone on failure
+    reused = False
+    live = _continued_run(client, record.history)
+    # One run per execution, spanning it: the one training opened, or one that starts when the execution did.
+    run_args = {"run_id": live} if live else {
+        "run_id": client.create_run(experiment_id, start_time=int(record.started_at * 1000), run_name=name).info.run_id}
+    with mlflow.start_run(**run_args) as run, tempfile.TemporaryDirectory() as tmp:  # an exception ends it FAILED
         try:
-            _log_run(record, passed)
+            _log_run(record, passed, epochs_logged=bool(live))
             # Log both models before registering either: a failure here leaves no version behind.
-            infos = [
-                mlflow.pytorch.log_model(
-                    fp32_model.eval(), name="model", input_example=example.numpy(), serialization_format="pt2",
-                    pip_requirements=_pip_requirements(),
-                ),
-                # torch.export cannot trace dynamically quantized Linear layers yet, hence pickle for int8.
-                mlflow.pytorch.log_model(
-                    int8_model.eval(), name="model_int8", serialization_format="pickle",
-                    pip_requirements=_pip_requirements(),
-                ),
-            ]
-            tags = {
-                "flyscale.gates": "passed" if passed else "failed", "flyscale.run_id": run.info.run_id,
-                champion.WEIGHTS_TAG: record.weights_sha256, champion.JUDGED_TAG: record.judged_against.version,
-                DATA_TAG: record.data_sha256, REFERENCE_TAG: _version_of(record.validation.reference),
-            }
-            for name, info in zip(names, infos):
-                version = mlflow.register_model(info.model_uri, name, tags=tags)
-                registered.append((name, str(version.version)))
-            if passed:
-                promotion = champion.promote(
-                    client, registered, cfg.alias, record.judged_against, record.weights_sha256,
-                    cfg.lock_timeout_s, cfg.lock_stale_s,
-                )
+            infos = [_log_model(fp32, "model", example, tmp), _log_model(int8, "model_int8", example, tmp)]
+            if not register:
+                failed = "; ".join(f"{v.name}: {v.reason}" for v in record.verdicts if not v.passed)
+                promotion = Promotion(False, f"not registered: a gate failed ({failed})")
             else:
-                failed = "; ".join(v.reason for v in record.verdicts if not v.passed)
-                promotion = Promotion(False, f"not promoted: a gate failed ({failed})")
+                tags = {
+                    "flyscale.gates": "passed", "flyscale.run_id": run.info.run_id,
+                    champion.WEIGHTS_TAG: record.weights_sha256, champion.JUDGED_TAG: record.judged_against.version,
+                    champion.TEST_DATA_TAG: record.test_sha256,
+                    DATA_TAG: record.data_sha256, REFERENCE_TAG: _version_of(record.validation.reference),
+                    **record.lineage, REGISTRATION_TAG: _registration_key(record),
+                    **{f"flyscale.gate.{v.name}": f"passed: {v.reason}" for v in record.verdicts},
+                }
+                for model_name, info in zip(names, infos):
+                    earlier = _registered(client, model_name, _registration_key(record))
+                    if earlier is not None:
+                        registered.append((model_name, str(earlier.version)))
+                        reused = True
+                        continue
+                    version = mlflow.register_model(info.model_uri, model_name, tags=tags)
+                    registered.append((model_name, str(version.version)))
+                    created.append((model_name, str(version.version)))
+                if cfg.promotion == "manual":
+                    for model_name, version in registered:
+                        client.set_registered_model_alias(model_name, cfg.challenger_alias, version)
+                    promotion = Promotion(False, f"'{cfg.challenger_alias}' -> v{registered[0][1]} "
+                                          f"(mlflow.promotion is manual: promote it with `flyscale promote`)")
+                else:
+                    promotion = champion.promote(
+                        client, registered, cfg.alias, record.judged_against, record.weights_sha256,
+                        cfg.lock_timeout_s, cfg.lock_stale_s,
+                    )
         except BaseException:
             # Before the alias moved (promote puts it back if it fails half-way): the registry
             # stays as it was, with no half-registered run.
-            for name, version in registered:
+            for model_name, version in created:
                 with contextlib.suppress(MlflowException):
-                    client.delete_model_version(name, version)
+                    client.delete_model_version(model_name, version)
             raise
         try:  # the registry is complete and consistent now; the reason is a note on it
             mlflow.set_tag("flyscale.promotion", promotion.reason)
-            for name, version in registered:
-                client.set_model_version_tag(name, version, "flyscale.promotion", promotion.reason)
+            for model_name, version in created:
+                client.set_model_version_tag(model_name, version, "flyscale.promotion", promotion.reason)
         except MlflowException as exc:
             log.warning("could not record the promotion reason on the run: %s", exc)
     if not promotion.moved:
         log.warning("%r alias not moved: %s", cfg.alias, promotion.reason)
+    versions = dict(registered)
     return Registration(
         tracking_uri=uri, experiment_id=run.info.experiment_id, run_id=run.info.run_id,
-        model_name=names[0], model_version=registered[0][1], int8_model_name=names[1],
-        int8_model_version=registered[1][1], champion=promotion.moved, alias=cfg.alias,
-        promotion=promotion.reason, judged_against=record.judged_against.version,
+        model_name=names[0], model_version=versions.get(names[0], ""), int8_model_name=names[1],
+        int8_model_version=versions.get(names[1], ""), champion=promotion.moved, alias=cfg.alias,
+        promotion=promotion.reason, judged_against=record.judged_against.version, run_name=name, reused=reused,
     )

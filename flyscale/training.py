@@ -3,13 +3,14 @@ the strategy hands in, so the same loop serves one process, DDP and the pipeline
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +67,22 @@ class TrainHistory:
     world_size: int
     epochs: list[EpochMetrics] = field(default_factory=list)
     diagnosis: str = ""  # e.g. "input pipeline bound: raise train.num_workers"
+    mlflow_run_id: str = ""  # the MLflow run rank 0 logged these epochs to while training ("" = none)
+
+
+EpochListener = Callable[[EpochMetrics], None]
+_listeners: list[EpochListener] = []
+
+
+@contextlib.contextmanager
+def on_epoch(listener: EpochListener) -> Iterator[None]:
+    """Call `listener` with each epoch's metrics on the main rank while the block runs (the
+    training task logs them to MLflow live). Strategies need not know: `fit` calls it."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
 
 
 @dataclass
@@ -304,6 +321,8 @@ def fit(
             if bar is not None:
                 bar.end_epoch(m.samples_per_s)
             if ctx.is_main:
+                for listener in _listeners:
+                    listener(m)
                 acc = f"  acc {m.train_accuracy:.4f}" if m.train_accuracy is not None else ""
                 log.info(
                     "epoch %d/%d  loss %.4f%s  val_loss %.4f  val_acc %.4f  %.0f samples/s  data-wait %.0f%%",

@@ -1,45 +1,69 @@
-"""Built-in evaluation gates: what a model must show before it may become champion."""
+"""Built-in evaluation gates: what a model must show before it is published.
+
+Every gate sees the same numbers: the candidate's test metrics (`accuracy`, `macro_f1`, `loss`,
+`ece`, `size_bytes`, per-class `precision_class_<k>` / `recall_class_<k>`, `latency_p50_ms_b<n>`,
+`latency_p99_ms_b<n>`, `throughput_b<n>`), the quantized model's under an `int8_` prefix, and the
+quantization's own `int8_accuracy_drop`, `int8_speedup_b<n>` and `int8_size_ratio`. Whether a
+number is better higher or lower is its nature (`flyscale.api.higher_is_better`): a loss or a
+latency passes below its bound, an accuracy above it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
-from flyscale.api import GateVerdict
-
-METRICS = ("accuracy", "macro_f1")
+from flyscale.api import GateVerdict, higher_is_better
 
 
-def _check_metric(metric: str) -> None:
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+def _judged(metric: str) -> bool:
+    """The metric's nature, with the int8 model's metrics judged like the fp32 ones."""
+    return higher_is_better(metric.removeprefix("int8_"))
+
+
+def _recorded(metrics: Mapping[str, float], metric: str, gate: str) -> GateVerdict | None:
+    """A failed verdict when the metric was not recorded: a gate never passes on a missing number."""
+    if metric in metrics:
+        return None
+    return GateVerdict(gate, False, f"no {metric} was recorded (recorded: {', '.join(sorted(metrics))})")
 
 
 @dataclass
 class MinMetricOptions:
     metric: str = "accuracy"
     threshold: float = 0.95
+    # More bounds at once, {metric: bound}, e.g. {loss: 0.3, latency_p99_ms_b64: 5.0}; each judged by its nature.
+    thresholds: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        _check_metric(self.metric)
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold must be in [0, 1], got {self.threshold}")
+        for metric, bound in self.bounds().items():
+            _judged(metric)  # an unknown metric fails here, naming what is known
+            if metric.removeprefix("int8_") in ("accuracy", "macro_f1", "ece") and not 0.0 <= bound <= 1.0:
+                raise ValueError(f"threshold must be in [0, 1] for {metric}, got {bound}")
+
+    def bounds(self) -> dict[str, float]:
+        return {self.metric: float(self.threshold), **{k: float(v) for k, v in self.thresholds.items()}}
 
 
 class MinMetric:
-    """Pass when the test metric reaches a fixed threshold."""
+    """Pass when every bounded metric is on the right side of its bound (>= or <=, by its nature)."""
 
     options_type = MinMetricOptions
 
     def check(
         self, metrics: Mapping[str, float], options: MinMetricOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
-        value = metrics[options.metric]
-        passed = value >= options.threshold
-        rel = ">=" if passed else "<"
-        return GateVerdict(
-            "min_metric", passed, f"test {options.metric} {value:.4f} {rel} threshold {options.threshold:.4f}"
-        )
+        reasons, passed = [], True
+        for metric, bound in options.bounds().items():
+            missing = _recorded(metrics, metric, "min_metric")
+            if missing is not None:
+                return missing
+            value, up = metrics[metric], _judged(metric)
+            ok = value >= bound if up else value <= bound
+            passed &= ok
+            rel = (">=" if ok else "<") if up else ("<=" if ok else ">")
+            reasons.append(f"test {metric} {value:.4f} {rel} threshold {bound:.4f}")
+        return GateVerdict("min_metric", passed, "; ".join(reasons))
 
 
 min_metric = MinMetric()
@@ -47,13 +71,27 @@ min_metric = MinMetric()
 
 @dataclass
 class BeatsChampionOptions:
+    """MLflow's MetricThreshold semantics: the candidate must beat the champion by more than the
+    absolute and/or relative change given; with neither, by anything at all."""
+
     metric: str = "accuracy"
-    min_improvement: float = 0.0  # how much better than the champion a candidate must be
+    min_absolute_change: float | None = None
+    min_relative_change: float | None = None  # of the champion's value: 0.01 is 1 %
+    greater_is_better: bool | None = None  # None: by the metric's nature
+    # The champion's test set differs from this run's (new data): False compares anyway and says
+    # so in the verdict; True fails the gate until both are judged on the same data.
+    require_same_test_data: bool = False
 
     def __post_init__(self):
-        _check_metric(self.metric)
-        if self.min_improvement < 0:
-            raise ValueError(f"min_improvement must be >= 0, got {self.min_improvement}")
+        if self.greater_is_better is None:
+            _judged(self.metric)
+        for name in ("min_absolute_change", "min_relative_change"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+
+    def up(self) -> bool:
+        return self.greater_is_better if self.greater_is_better is not None else _judged(self.metric)
 
 
 class BeatsChampion:
@@ -64,21 +102,81 @@ class BeatsChampion:
     def check(
         self, metrics: Mapping[str, float], options: BeatsChampionOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
-        value = metrics[options.metric]
+        m = options.metric
+        missing = _recorded(metrics, m, "beats_champion")
+        if missing is not None:
+            return missing
+        value = metrics[m]
         if champion is None:
-            return GateVerdict("beats_champion", True, f"no champion yet; test {options.metric} {value:.4f}")
-        if options.metric not in champion:
-            return GateVerdict(
-                "beats_champion", False, f"champion v{champion.get('version', 0):.0f} has no {options.metric} to compare"
-            )
-        bar = champion[options.metric] + options.min_improvement
-        passed = value > bar
+            return GateVerdict("beats_champion", True, f"no champion yet; test {m} {value:.4f}")
+        version = f"champion v{champion.get('version', 0):.0f}"
+        if m not in champion:
+            return GateVerdict("beats_champion", False, f"{version} has no {m} to compare")
+        if options.require_same_test_data and not champion.get("same_test_data", 1.0):
+            return GateVerdict("beats_champion", False, f"{version} was tested on other data; "
+                               "require_same_test_data is set")
+        base = champion[m]
+        gain = (value - base) if options.up() else (base - value)  # > 0: the candidate is better
+        checks = []
+        if options.min_absolute_change is not None:
+            checks.append((gain > options.min_absolute_change, f"by {gain:+.4f} (needs > {options.min_absolute_change:.4f})"))
+        if options.min_relative_change is not None:
+            rel = gain / abs(base) if base else float("inf") if gain > 0 else 0.0
+            checks.append((rel > options.min_relative_change, f"by {rel:+.2%} (needs > {options.min_relative_change:.2%})"))
+        if not checks:
+            checks.append((gain > 0, "strictly"))
+        passed = all(ok for ok, _ in checks)
+        better = "better" if passed else "not better"
         return GateVerdict(
-            "beats_champion",
-            passed,
-            f"test {options.metric} {value:.4f} {'>' if passed else '<='} champion v{champion.get('version', 0):.0f} "
-            f"{champion[options.metric]:.4f} + {options.min_improvement:.4f}",
+            "beats_champion", passed,
+            f"test {m} {value:.4f} vs {version} {base:.4f}: {better} " + " and ".join(text for _, text in checks),
         )
 
 
 beats_champion = BeatsChampion()
+
+
+@dataclass
+class QuantizationOptions:
+    max_accuracy_drop: float = 0.01  # int8 may lose at most this much test accuracy (0.01: one point)
+    min_speedup: float = 0.0  # fp32 p50 latency / int8 p50 latency at `batch_size`; 0: not bounded
+    min_size_ratio: float = 0.0  # fp32 size / int8 size; 0: not bounded
+    batch_size: int = 64  # where the speed-up is read
+
+    def __post_init__(self):
+        if not 0.0 <= self.max_accuracy_drop <= 1.0:
+            raise ValueError(f"max_accuracy_drop must be in [0, 1], got {self.max_accuracy_drop}")
+        for name in ("min_speedup", "min_size_ratio"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+
+class Quantization:
+    """Bound what int8 costs (accuracy) and demand what it is for (speed, size), measured side by
+    side with the fp32 model in the same stage."""
+
+    options_type = QuantizationOptions
+
+    def check(
+        self, metrics: Mapping[str, float], options: QuantizationOptions, champion: Mapping[str, float] | None
+    ) -> GateVerdict:
+        wanted = [("int8_accuracy_drop", options.max_accuracy_drop, False)]
+        if options.min_speedup:
+            wanted.append((f"int8_speedup_b{options.batch_size}", options.min_speedup, True))
+        if options.min_size_ratio:
+            wanted.append(("int8_size_ratio", options.min_size_ratio, True))
+        reasons, passed = [], True
+        for metric, bound, up in wanted:
+            missing = _recorded(metrics, metric, "quantization")
+            if missing is not None:
+                return missing
+            value = metrics[metric]
+            ok = value >= bound if up else value <= bound
+            passed &= ok
+            reasons.append(f"{metric.removeprefix('int8_').replace('_', ' ')} {value:+.4f} "
+                           f"{('>=' if ok else '<') if up else ('<=' if ok else '>')} {'needed' if up else 'allowed'} "
+                           f"{bound:.4f}")
+        return GateVerdict("quantization", passed, "; ".join(reasons))
+
+
+quantization = Quantization()

@@ -1,69 +1,71 @@
-"""Evaluation stages: test metrics for the fp32 model, the gate, and int8 quantization."""
+"""Evaluation stages: test metrics for the fp32 model, quantization measured side by side with
+it, and the gates, which judge all of it against the champion as it is now."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from flytekit import task
+from flytekit import Deck, task
 from flytekit.types.file import FlyteFile
 
-from flyscale import artifacts, data, gating, tracking
+from flyscale import artifacts, data, gating, report, shards, tracking
 from flyscale.caching import code_cache
-from flyscale.config import GateConfig, MlflowConfig, ModelConfig, QuantizeConfig
-from flyscale.contracts import DatasetInfo, GateVerdict
+from flyscale.comparison import Comparison, compare
+from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, QuantizeConfig
+from flyscale.contracts import DatasetInfo
 from flyscale.evaluation import EvalMetrics, evaluate_batches
 from flyscale.gating import Judgment
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
 from tasks.common import IMAGE, SMALL
 
-Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("run", TaskRun)])
+Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("test_sha256", str), ("run", TaskRun)])
 Quantized = NamedTuple(
-    "Quantized", [("weights", FlyteFile), ("metrics", EvalMetrics), ("verdict", GateVerdict), ("run", TaskRun)]
+    "Quantized", [("weights", FlyteFile), ("metrics", EvalMetrics), ("comparison", Comparison), ("run", TaskRun)]
 )
+Judged = NamedTuple("Judged", [("judgment", Judgment), ("passed", bool)])
 
 
 @task(cache=code_cache("models"), container_image=IMAGE, requests=SMALL)
 def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cfg: ModelConfig) -> Evaluated:
-    """Accuracy, macro-F1 and confusion matrix of the trained model on the test split."""
+    """Accuracy, macro-F1, per-class precision and recall, calibration and the confusion matrix
+    of the trained model on the test split, and the fingerprint of that split."""
     run = TaskRun.start("evaluate_model")
     path = weights.download()
     model = artifacts.load_state(artifacts.build_model(model_cfg, info), path)
     metrics = evaluate_batches(model, data.batches(test, info), info.num_classes)
     metrics.weights_sha256 = artifacts.file_sha256(path)
-    return Evaluated(metrics=metrics, run=run.done())
+    return Evaluated(metrics=metrics, test_sha256=shards.content_sha256(test.dir.download()), run=run.done())
+
+
+@task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL, enable_deck=True)
+def quantize_model(
+    weights: FlyteFile, train: Shards, test: Shards, info: DatasetInfo, model_cfg: ModelConfig, cfg: QuantizeConfig,
+    fp32: EvalMetrics,
+) -> Quantized:
+    """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
+    model on the same test split, and time both models side by side at batch 1, 8, 64 and 256."""
+    run = TaskRun.start("quantize_model")
+    model = artifacts.load_state(artifacts.build_model(model_cfg, info), weights.download())
+    calibration = data.calibration_batches(train, info)
+    qmodel = artifacts.quantize(model, cfg, calibration)
+    metrics = evaluate_batches(qmodel, data.batches(test, info), info.num_classes)
+    comparison = compare(model, qmodel, cfg.name, fp32, metrics, len(info.feature_columns))
+    Deck("Evaluation", report.evaluation_html(fp32, metrics, comparison))
+    weights_int8 = FlyteFile(artifacts.save_state(qmodel, "model_int8.pt"))
+    return Quantized(weights=weights_int8, metrics=metrics, comparison=comparison, run=run.done())
 
 
 # Never cached: a verdict is only as good as the champion it was judged against, so every run
 # reads the champion afresh (an unchanged champion gives the same judgment, and registration
 # after it stays a cache hit).
 @task(cache=False, container_image=IMAGE, requests=SMALL)
-def gate_model(metrics: EvalMetrics, cfg: GateConfig, champion_of: MlflowConfig) -> Judgment:
-    """Judge the candidate against the live champion; the judgment says why, and against whom."""
-    champion = tracking.read_baseline(champion_of, metrics.weights_sha256)
-    return gating.judge(cfg, metrics.scalars(), champion)
-
-
-@task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL)
-def quantize_model(
-    weights: FlyteFile,
-    test: Shards,
-    info: DatasetInfo,
-    model_cfg: ModelConfig,
-    cfg: QuantizeConfig,
-    fp32: EvalMetrics,
-) -> Quantized:
-    """Quantize, evaluate the quantized model, and gate on the accuracy it lost."""
-    run = TaskRun.start("quantize_model")
-    model = artifacts.load_state(artifacts.build_model(model_cfg, info), weights.download())
-    qmodel = artifacts.quantize(model, cfg)
-    metrics = evaluate_batches(qmodel, data.batches(test, info), info.num_classes)
-    drop = fp32.accuracy - metrics.accuracy
-    passed = drop <= cfg.max_accuracy_drop
-    verdict = GateVerdict(
-        name="quantization",
-        passed=passed,
-        reason=f"{cfg.name} accuracy drop {drop:+.4f} {'<=' if passed else '>'} allowed {cfg.max_accuracy_drop:.4f}",
-    )
-    weights_int8 = FlyteFile(artifacts.save_state(qmodel, "model_int8.pt"))
-    return Quantized(weights=weights_int8, metrics=metrics, verdict=verdict, run=run.done())
+def gate_model(
+    fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison, test_sha256: str, cfg: GatesConfig,
+    champion_of: MlflowConfig,
+) -> Judged:
+    """Every configured gate against the live champion; each verdict says why, and against whom."""
+    champion = tracking.read_baseline(champion_of, fp32.weights_sha256)
+    metrics = {**fp32.scalars(), **int8.scalars("int8_"), **comparison.scalars()}
+    judgment = gating.judge(cfg, metrics, champion, test_sha256)
+    return Judged(judgment=judgment, passed=judgment.passed)

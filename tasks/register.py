@@ -1,5 +1,7 @@
-"""Registration stage: one MLflow run per pipeline execution, both models, the champion alias;
-then the summary of what this execution computed and what it took from the cache."""
+"""Registration stage: one MLflow run per pipeline execution, with both models. The workflow
+branches on the gates: `register_model` when every gate passed (versions registered, the alias
+moved by compare-and-set), `record_candidate` when one failed (the run and its models logged,
+no version). Then the summary of what this execution computed and what it took from the cache."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from flytekit.types.file import FlyteFile
 
 from flyscale import registration, tracking
 from flyscale.caching import LIBRARIES, code_cache
+from flyscale.comparison import Comparison
 from flyscale.config import PipelineConfig
-from flyscale.contracts import DatasetInfo, GateVerdict
+from flyscale.contracts import DatasetInfo
 from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
@@ -26,31 +29,54 @@ from tasks.common import IMAGE, SMALL
 
 Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)])
 
-
 # The MLflow store is part of the version: the same inputs sent to another store register again.
 # The stamps of earlier tasks only describe this execution, so they are not part of the key.
-@task(
-    cache=code_cache(
-        "models", "quantizers", facts={"mlflow_store": tracking.tracking_uri}, libraries=(*LIBRARIES, "mlflow"),
-        ignored_inputs=("runs", "data_runs", "started"),
-    ),
-    container_image=IMAGE,
-    requests=SMALL,
+REGISTER_CACHE = code_cache(
+    "models", "quantizers", facts={"mlflow_store": tracking.tracking_uri}, libraries=(*LIBRARIES, "mlflow"),
+    ignored_inputs=("runs", "data_runs", "started"),
 )
+
+
+def _log(publish: bool, name: str, cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint,
+         report: ValidationReport, quarantined: Shards, profile: Profile, report_files: FlyteDirectory,
+         history: TrainHistory, preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str,
+         judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
+         runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun) -> Registered:
+    run = TaskRun.start(name)
+    summary = registration.register(
+        cfg, info, fingerprint, report, quarantined.dir.download(), profile, report_files.download(), history,
+        preflight, weights.download(), fp32, test_sha256, judgment, int8_weights.download(), int8, comparison,
+        [*data_runs, *runs], started, publish=publish,
+    )
+    return Registered(summary=summary, run=run.done())
+
+
+@task(cache=REGISTER_CACHE, container_image=IMAGE, requests=SMALL)
 def register_model(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
-    preflight: PreflightReport, weights: FlyteFile,
-    fp32: EvalMetrics, judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, int8_gate: GateVerdict,
+    preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str, judgment: Judgment,
+    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
     runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun,
 ) -> Registered:
-    """Log everything to MLflow; move the alias only if every gate passed (compare-and-set)."""
-    run = TaskRun.start("register_model")
-    summary = registration.register(
-        cfg, info, fingerprint, report, quarantined.dir.download(), profile, report_files.download(), history, preflight,
-        weights.download(), fp32, judgment, int8_weights.download(), int8, int8_gate, [*data_runs, *runs], started,
-    )
-    return Registered(summary=summary, run=run.done())
+    """Every gate passed: log the run, register both models, move the alias (compare-and-set)."""
+    return _log(True, "register_model", cfg, info, fingerprint, report, quarantined, profile, report_files, history,
+                preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, runs, data_runs,
+                started)
+
+
+@task(cache=REGISTER_CACHE, container_image=IMAGE, requests=SMALL)
+def record_candidate(
+    cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
+    quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
+    preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str, judgment: Judgment,
+    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
+    runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun,
+) -> Registered:
+    """A gate failed: log the run and both models (LoggedModels), register no version."""
+    return _log(False, "record_candidate", cfg, info, fingerprint, report, quarantined, profile, report_files,
+                history, preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, runs,
+                data_runs, started)
 
 
 @task(cache=False, container_image=IMAGE, requests=SMALL)

@@ -41,6 +41,7 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
                                                    "ranges": {c: [0, 16] for c in DIGITS_PIXELS}}},
         "augment": {"copies": 0},
         "train": {"epochs": 3, "batch_size": 64},
+        "gate": [{"name": "min_metric", "options": {"threshold": 0.5}}, {"name": "quantization"}],  # it registers
         "mlflow": {"experiment": "cache-e2e", "model_name": "cache-e2e"},
     }))
     env = {"MLFLOW_TRACKING_URI": mlflow_server}

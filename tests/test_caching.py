@@ -17,7 +17,7 @@ from flyscale.caching import module_closure, source_hash
 from tests.conftest import REPO
 
 TASKS = ["load_data", "validate_data", "split_data", "augment_data", "prepare_stream", "preflight_check",
-         "train_model", "evaluate_model", "quantize_model", "register_model"]
+         "train_model", "evaluate_model", "quantize_model", "register_model", "record_candidate"]
 VERSIONS = """
 import json
 from tests.flyte_graph import workflow_tasks
@@ -132,8 +132,8 @@ def test_an_unchanged_import_gives_the_same_versions(scenarios):
         ("one_worker", {"preflight_check", "train_model"}),
         ("image", set(TASKS)),
         ("torch", set(TASKS)),
-        ("store", {"register_model"}),
-        ("edited_plugin", {"quantize_model", "register_model"}),
+        ("store", {"register_model", "record_candidate"}),
+        ("edited_plugin", {"quantize_model", "register_model", "record_candidate"}),
     ],
 )
 def test_each_fact_changes_the_versions_of_the_tasks_it_affects(scenarios, scenario, expected):

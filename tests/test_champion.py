@@ -8,11 +8,11 @@ import time
 import uuid
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 from mlflow import MlflowClient
-from torch import nn
 
 from flyscale import champion, tracking
 from flyscale.champion import ChampionRef, MlflowUnavailable
@@ -129,18 +129,61 @@ def _record(judged: ChampionRef) -> tracking.RunRecord:
     )
 
 
-def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy, name):
+def _files(tmp_path, seed: int = 0) -> tuple[tracking.ModelFiles, tracking.ModelFiles]:
+    """A real (small) flyscale model and its int8 twin, as the register task hands them over."""
+    from flyscale import artifacts
+    from flyscale.config import ModelConfig, QuantizeConfig
+    from flyscale.contracts import DatasetInfo
+    from flyscale.model_spec import spec_json
+
+    info = DatasetInfo("t", 2, [4], ["a", "b", "c", "d"])
+    cfg = ModelConfig(options={"hidden": [8]})
+    torch.manual_seed(seed)
+    model = artifacts.build_model(cfg, info)
+    int8 = artifacts.quantize(model, QuantizeConfig())
+    return (tracking.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
+            tracking.ModelFiles(artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig())))
+
+
+EXAMPLE = np.zeros((2, 4), dtype="float32")
+
+
+def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy, name, tmp_path):
     def int8_version(method: str, path: str, body: bytes) -> bool:
         return path.endswith("/model-versions/create") and f'"{name}-int8"'.encode() in body
 
     proxy.rule = int8_version
-    model = nn.Sequential(nn.Linear(4, 2))
+    fp32, int8 = _files(tmp_path)
     with pytest.raises(MlflowUnavailable, match="MLflow failed while registering"):
-        tracking.publish(_record(ChampionRef(name, "champion")), model, model, torch.zeros(2, 4), _cfg(name), "r")
+        tracking.publish(_record(ChampionRef(name, "champion")), fp32, int8, EXAMPLE, _cfg(name), "r", register=True)
     assert proxy.failed  # the fault was hit: the fp32 version existed when it struck
     client = MlflowClient(proxy.upstream)
     assert client.search_model_versions(f"name='{name}'") == []  # removed again
     assert not client.get_registered_model(name).aliases
+
+
+def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp_path):
+    fp32, int8 = _files(tmp_path)
+    record = _record(ChampionRef(name, "champion"))
+    record.weights_sha256, record.data_sha256 = "same-weights", "same-data"
+    first = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "first", register=True)
+    again = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "again", register=True)
+    assert (first.model_version, again.model_version) == ("1", "1") and again.reused and not first.reused
+    assert [v.version for v in server.search_model_versions(f"name='{name}'")] == ["1"]
+    assert [v.version for v in server.search_model_versions(f"name='{name}-int8'")] == ["1"]
+    assert server.get_model_version_by_alias(name, "champion").version == "1"
+
+
+def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, name, tmp_path):
+    fp32, int8 = _files(tmp_path)
+    record = _record(ChampionRef(name, "champion"))
+    out = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name, promotion="manual"), "r", register=True)
+    assert not out.champion and "'challenger' -> v1" in out.promotion
+    assert server.get_model_version_by_alias(name, "challenger").version == "1"
+    assert "champion" not in server.get_registered_model(name).aliases
+    note = champion.move_alias(server, name, "champion", "1", "promote", "reviewer", "looked at the curves")
+    assert server.get_model_version_by_alias(f"{name}-int8", "champion").version == "1"
+    assert "promote by reviewer" in note and "looked at the curves" in note
 
 
 def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_this_data(server, name):

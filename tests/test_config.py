@@ -32,6 +32,10 @@ def test_every_preset_loads_and_validates(preset):
     raw = yaml.safe_load(preset.read_text())
     cfg = from_dict(raw)
     for section, values in raw.items():
+        if section == "gate":  # a list of gates
+            gates = values if isinstance(values, list) else [values]
+            assert [(g.name, g.options) for g in cfg.gate.gates] == [(g["name"], g.get("options", {})) for g in gates]
+            continue
         for key, value in values.items():
             assert getattr(getattr(cfg, section), key) == value, f"{preset.name}: {section}.{key} not applied"
 
@@ -55,7 +59,8 @@ def test_presets_exist():
         (lambda: AugmentConfig(names=["shift"], options={"noise": {"std": 1}}), "augment.options.noise"),
         (lambda: AugmentConfig(options={"shift": {"max_shift": -1}}), "augment.options.shift: max_shift"),
         (lambda: GateConfig(options={"threshold": 2.0}), "gate.options: threshold must be in"),
-        (lambda: QuantizeConfig(max_accuracy_drop=-0.1), "quantize.max_accuracy_drop"),
+        (lambda: QuantizeConfig(max_accuracy_drop=0.1), "quantize.max_accuracy_drop: unknown field"),
+        (lambda: from_dict({"mlflow": {"promotion": "sometimes"}}), "mlflow.promotion must be 'auto' or 'manual'"),
         (lambda: from_dict({"data": {"dataset": "parquet_stream", "options": {"path": "/d"}},
                             "augment": {"names": ["gaussian_noise"]}}),
          "augment.names: dataset 'parquet_stream' streams data larger than memory, which is not augmented"),
@@ -71,5 +76,7 @@ def test_bad_config_names_the_field(build, message):
 def test_flatten_gives_dotted_params():
     flat = flatten(PipelineConfig())
     assert flat["train.epochs"] == 30
-    assert flat["gate.options.threshold"] == 0.95
+    assert flat["gate.gates.0.options.threshold"] == 0.95 and flat["gate.gates.1.name"] == "quantization"
     assert flat["model.name"] == "mlp"
+    # Stable names: a section with no options adds no `{}` param beside other runs' nested keys.
+    assert not any(v == {} for v in flat.values())

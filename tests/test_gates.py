@@ -6,9 +6,17 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from flyscale import tracking
-from flyscale.config import MlflowConfig
-from flyscale_plugins.gates import BeatsChampionOptions, MinMetricOptions, beats_champion, min_metric
+from flyscale import gating, tracking
+from flyscale.champion import ChampionRef
+from flyscale.config import GateConfig, GatesConfig, MlflowConfig, from_dict
+from flyscale_plugins.gates import (
+    BeatsChampionOptions,
+    MinMetricOptions,
+    QuantizationOptions,
+    beats_champion,
+    min_metric,
+    quantization,
+)
 
 
 def test_min_metric_threshold_is_inclusive_and_says_why():
@@ -16,6 +24,52 @@ def test_min_metric_threshold_is_inclusive_and_says_why():
     bad = min_metric.check({"accuracy": 0.9499}, MinMetricOptions(threshold=0.95), None)
     assert ok.passed and not bad.passed
     assert "0.9499 < threshold 0.9500" in bad.reason
+
+
+def test_min_metric_bounds_any_metric_by_its_nature():
+    opts = MinMetricOptions(threshold=0.9, thresholds={"loss": 0.3, "latency_p99_ms_b64": 5.0})
+    good = {"accuracy": 0.95, "loss": 0.2, "latency_p99_ms_b64": 4.0}
+    assert min_metric.check(good, opts, None).passed
+    slow = min_metric.check({**good, "latency_p99_ms_b64": 6.0}, opts, None)
+    assert not slow.passed and "latency_p99_ms_b64 6.0000 > threshold 5.0000" in slow.reason  # lower is better
+    lossy = min_metric.check({**good, "loss": 0.31}, opts, None)
+    assert not lossy.passed and "loss 0.3100 > threshold 0.3000" in lossy.reason
+    missing = min_metric.check({"accuracy": 0.99, "loss": 0.1}, opts, None)
+    assert not missing.passed and "no latency_p99_ms_b64 was recorded" in missing.reason  # never passes on a gap
+    with pytest.raises(ValueError, match="no known direction for metric 'auc'"):
+        MinMetricOptions(thresholds={"auc": 0.9})
+
+
+def test_the_quantization_gate_bounds_cost_and_demands_gain():
+    metrics = {"int8_accuracy_drop": 0.004, "int8_speedup_b64": 1.8, "int8_size_ratio": 3.9}
+    opts = QuantizationOptions(max_accuracy_drop=0.01, min_speedup=1.5, min_size_ratio=3.5)
+    assert quantization.check(metrics, opts, None).passed
+    slow = quantization.check({**metrics, "int8_speedup_b64": 1.2}, opts, None)
+    assert not slow.passed and "speedup b64 +1.2000 < needed 1.5000" in slow.reason
+    lossy = quantization.check({**metrics, "int8_accuracy_drop": 0.02}, opts, None)
+    assert not lossy.passed and "accuracy drop +0.0200 > allowed 0.0100" in lossy.reason
+    assert quantization.check({"int8_accuracy_drop": 0.0}, QuantizationOptions(), None).passed  # only the drop by default
+
+
+def test_every_gate_is_judged_and_all_must_pass():
+    gates = GatesConfig(gates=[GateConfig("min_metric", {"threshold": 0.9}), GateConfig("quantization")])
+    metrics = {"accuracy": 0.95, "int8_accuracy_drop": 0.05}
+    judgment = gating.judge(gates, metrics, ChampionRef("m", "champion"))
+    assert [v.name for v in judgment.verdicts] == ["min_metric", "quantization"]
+    assert [v.passed for v in judgment.verdicts] == [True, False] and not judgment.passed
+    assert judgment.failed == ["quantization: accuracy drop +0.0500 > allowed 0.0100"]
+    assert gating.judge(gates, {**metrics, "int8_accuracy_drop": 0.0}, ChampionRef("m", "champion")).passed
+
+
+def test_gate_takes_a_list_or_one_mapping_on_every_way_in():
+    listed = from_dict({"gate": [{"name": "min_metric"}, {"name": "beats_champion", "options": {"metric": "loss"}}]})
+    assert [g.name for g in listed.gate.gates] == ["min_metric", "beats_champion"]
+    assert [g.name for g in from_dict({"gate": {"name": "beats_champion"}}).gate.gates] == ["beats_champion"]
+    assert [g.name for g in from_dict({}).gate.gates] == ["min_metric", "quantization"]
+    with pytest.raises(ValueError, match="listed twice"):
+        from_dict({"gate": [{"name": "min_metric"}, {"name": "min_metric"}]})
+    with pytest.raises(ValueError, match="gate.nmae: unknown field"):
+        from_dict({"gate": [{"nmae": "min_metric"}]})
 
 
 @pytest.fixture
@@ -62,12 +116,38 @@ def test_beats_champion_against_the_live_champion(store):
     assert beats_champion.check({"accuracy": 0.97}, opts, champion).passed
     worse = beats_champion.check({"accuracy": 0.96}, opts, champion)
     assert not worse.passed and "champion v1 0.9600" in worse.reason  # a tie does not beat
-    strict = beats_champion.check({"accuracy": 0.97}, BeatsChampionOptions(min_improvement=0.02), champion)
-    assert not strict.passed
+
+
+def test_beats_champion_has_mlflow_metric_threshold_semantics():
+    champion = {"accuracy": 0.90, "loss": 0.40, "version": 3.0, "same_test_data": 1.0}
+    absolute = BeatsChampionOptions(min_absolute_change=0.02)
+    assert not beats_champion.check({"accuracy": 0.915}, absolute, champion).passed
+    assert beats_champion.check({"accuracy": 0.925}, absolute, champion).passed
+    relative = BeatsChampionOptions(min_relative_change=0.05)  # 5 % of 0.90 = 0.045
+    assert not beats_champion.check({"accuracy": 0.94}, relative, champion).passed
+    assert beats_champion.check({"accuracy": 0.95}, relative, champion).passed
+    # Lower is better for a loss: a smaller loss beats, by the nature of the metric.
+    loss = BeatsChampionOptions(metric="loss", min_absolute_change=0.05)
+    assert beats_champion.check({"loss": 0.30}, loss, champion).passed
+    assert not beats_champion.check({"loss": 0.38}, loss, champion).passed
+    assert not beats_champion.check({"loss": 0.30}, BeatsChampionOptions(metric="loss", greater_is_better=True),
+                                    champion).passed
+
+
+def test_a_champion_tested_on_other_data_is_reported_not_silently_compared():
+    gates = GatesConfig(gates=[GateConfig("beats_champion")])
+    champion = ChampionRef("m", "champion", "3", "run", {"accuracy": 0.9}, test_sha256="a" * 64)
+    same = gating.judge(gates, {"accuracy": 0.95}, champion, "a" * 64)
+    assert same.passed and same.test_data.startswith("the same test data as champion v3")
+    other = gating.judge(gates, {"accuracy": 0.95}, champion, "b" * 64)
+    assert other.passed and "OTHER test data than champion v3" in other.test_data
+    strict = GatesConfig(gates=[GateConfig("beats_champion", {"require_same_test_data": True})])
+    refused = gating.judge(strict, {"accuracy": 0.95}, champion, "b" * 64)
+    assert not refused.passed and "tested on other data" in refused.verdicts[0].reason
 
 
 def test_beats_champion_options_are_validated():
-    with pytest.raises(ValueError, match="metric must be one of"):
+    with pytest.raises(ValueError, match="no known direction for metric 'auc'"):
         BeatsChampionOptions(metric="auc")
-    with pytest.raises(ValueError, match="min_improvement"):
-        BeatsChampionOptions(min_improvement=-1)
+    with pytest.raises(ValueError, match="min_absolute_change"):
+        BeatsChampionOptions(min_absolute_change=-1)

@@ -130,7 +130,7 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     assert again.returncode == 0, log[-4000:]
     # Training was not repeated, but the judgment was: against the new champion, not replayed (and the
     # data was validated again, against the new champion's reference; the same rows re-ran nothing).
-    assert "cache       ran validate_data, register_model; from the cache: load_data, split_data" in again.stdout, \
+    assert "cache       ran validate_data, record_candidate; from the cache: load_data, split_data" in again.stdout, \
         again.stdout[-3000:]
     assert "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
     assert f"judged      against v{better.version}" in again.stdout

@@ -14,7 +14,7 @@ from torch import nn
 from flyscale import data, gating, registry, validation
 from flyscale.api import DatasetInfo, GateVerdict
 from flyscale.champion import ChampionRef
-from flyscale.config import AugmentConfig, DataConfig, GateConfig, ModelConfig, PipelineConfig, flatten
+from flyscale.config import AugmentConfig, DataConfig, GateConfig, GatesConfig, ModelConfig, PipelineConfig, flatten
 from flyscale.contracts import as_dataset_info, as_gate_verdict
 from flyscale.registry import PluginContractError
 
@@ -186,10 +186,11 @@ def test_a_gate_returning_its_own_object_is_judged_through_flyscale(register):
 def test_generic_sections_hold_no_plugin_defaults():
     # beats_champion takes no threshold: the gate's defaults come from its own options dataclass.
     gate = GateConfig(name="beats_champion")
-    assert gate.options == {} and dataclasses.asdict(gate.plugin.options) == {"metric": "accuracy", "min_improvement": 0.0}
-    flat = flatten(PipelineConfig(gate=gate))
-    assert flat["gate.options.min_improvement"] == 0.0 and "gate.options.threshold" not in flat
-    assert flatten(PipelineConfig())["gate.options.threshold"] == 0.95  # min_metric's own default
+    assert gate.options == {} and dataclasses.asdict(gate.plugin.options)["min_absolute_change"] is None
+    flat = flatten(PipelineConfig(gate=GatesConfig(gates=[gate])))
+    assert flat["gate.gates.0.name"] == "beats_champion" and flat["gate.gates.0.options.metric"] == "accuracy"
+    assert "gate.gates.0.options.threshold" not in flat
+    assert flatten(PipelineConfig())["gate.gates.0.options.threshold"] == 0.95  # min_metric's own default
     # Augmentations default to what fits the dataset's kind of data.
     assert PipelineConfig().augment.names == ["shift", "noise"]
     parquet = PipelineConfig(data=DataConfig(dataset="parquet", options={"path": "s3://b/p"}))

@@ -54,7 +54,7 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(specs) == 14  # both data branches
+    assert len(specs) == 15  # both data branches, both publish branches
     for name, spec in specs.items():
         assert spec.template.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE
 

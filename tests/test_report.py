@@ -38,3 +38,24 @@ def test_deck_shows_the_last_epoch_numbers_and_escapes_text():
 
 def test_deck_without_epochs_says_so():
     assert "No epochs" in learning_curves_html(TrainHistory(strategy="ddp", world_size=1))
+
+
+def test_the_evaluation_deck_shows_both_models_latency_and_four_plots():
+    import torch
+
+    from flyscale.comparison import compare
+    from flyscale.evaluation import evaluate
+    from flyscale.report import evaluation_html
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    x, y = torch.randn(60, 4), torch.randint(0, 3, (60,))
+    fp32 = evaluate(model, x, y, 3)
+    int8_model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    int8 = evaluate(int8_model, x, y, 3)
+    page = evaluation_html(fp32, int8, compare(model, int8_model, "dynamic_int8", fp32, int8, 4))
+    pngs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert [alt for alt, _ in pngs] == ["fp32 confusion", "int8 confusion", "reliability", "latency"]
+    assert all(base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n" for _, data in pngs)
+    assert f"{fp32.accuracy:.4f}" in page and "dynamic_int8" in page
+    assert page.count("<li>batch") == 4  # 1, 8, 64, 256, each with both models and the speed-up

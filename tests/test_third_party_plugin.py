@@ -122,7 +122,7 @@ print("valid")
         ("model", "resnet9000", "{}", [
             "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
         ]),
-        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric"]),
+        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric, quantization"]),
         # The plugin's own options dataclass validates its section, field by field.
         ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
         ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; did you mean 'width'? expected one of width"]),
@@ -166,7 +166,7 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
     assert len(runs) == 1
     run = runs[0].data
     assert run.tags["flyscale.dataset"] == "acme-wine"  # the plugin's own info object, converted
-    assert run.params["model.options.width"] == "32" and run.params["gate.name"] == "acme_min_f1"
+    assert run.params["model.options.width"] == "32" and run.params["gate.gates.0.name"] == "acme_min_f1"
     assert run.params["augment.names"] == "[]"
     # The gate's verdict agrees with the metric it was judged on, in MLflow and in the summary.
     passed = run.metrics["test_macro_f1"] >= 0.9

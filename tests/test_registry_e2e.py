@@ -1,0 +1,220 @@
+"""The registry and the UI through real `pyflyte run` against a real `mlflow server`: checked
+through MLflow's client, the first model becomes champion and a better one takes the alias; runs are told apart by name, training curves are there, rollback
+moves the alias back and says who and why, and both champions load with pickle deserialization
+disabled. Then a headless browser opens the UI where the summary says, lands on the runs, and
+compares two."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from flyscale.tracking import KIND_TAG, TRAINING_KIND
+from tests.conftest import BIN, REPO, run_pipeline
+
+MODEL = "registry-e2e"
+
+
+def _cfg(tmp_path, name: str, epochs: int):
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "augment": {"copies": 0},
+        "train": {"epochs": epochs, "batch_size": 64},
+        "gate": [{"name": "beats_champion"}, {"name": "quantization"}],  # no options: their defaults
+        "mlflow": {"experiment": "registry-e2e", "model_name": MODEL},
+    }))
+    return path
+
+
+def _run(tmp_path, name: str, epochs: int, uri: str) -> str:
+    home = tmp_path / f"home-{name}"  # its own Flyte cache: every run trains
+    home.mkdir()
+    proc = run_pipeline(home, "--cfg", str(_cfg(tmp_path, name, epochs)), env={"MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def _run_id(out: str) -> str:
+    return re.search(r"mlflow\s+run (\w+)", out).group(1)
+
+
+def _loads_without_pickle(uri: str, models: list[str]) -> subprocess.CompletedProcess:
+    code = (
+        "import mlflow, numpy as np\n"
+        f"for name in {models!r}:\n"
+        "    m = mlflow.pyfunc.load_model(f'models:/{name}@champion')\n"
+        "    p = m.predict(np.zeros((3, 64), dtype='float32'))\n"
+        "    assert p.shape == (3, 10) and abs(p.sum(axis=1) - 1).max() < 1e-5, p\n"
+        "    print('loaded', name, type(m.unwrap_python_model().model).__name__)\n"
+    )
+    env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false", "PATH": str(BIN)}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def executions(tmp_path_factory, mlflow_server) -> dict[str, str]:
+    """Two real executions against one server, shared by the registry and the UI tests: a first
+    model, then a better one. {name: the run summary}. (A worse candidate's branch, no version
+    and its LoggedModels, is tests/test_pipeline_e2e.py's failed gate; a worse one against a
+    champion is tests/test_promotion_e2e.py's re-judging.)"""
+    tmp = tmp_path_factory.mktemp("registry-e2e")
+    return {name: _run(tmp, name, epochs, mlflow_server) for name, epochs in (("first", 3), ("better", 12))}
+
+
+@pytest.mark.timeout(1200)
+def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_server):
+    uri = mlflow_server
+    client = MlflowClient(uri)
+    first, better = executions["first"], executions["better"]
+    assert "beats_champion: PASSED (no champion yet" in first and "register_model" in first
+
+    assert "beats_champion: PASSED" in better and "'champion' moved from v1 to v2" in better
+    assert "the same test data as champion v1" in better  # the champion was scored on this very test split
+
+    assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == ["1", "2"]
+    assert client.get_model_version_by_alias(MODEL, "champion").version == "2"
+    assert client.get_model_version_by_alias(f"{MODEL}-int8", "champion").version == "2"
+    logged = client.search_logged_models(experiment_ids=[client.get_run(_run_id(better)).info.experiment_id],
+                                         filter_string=f"source_run_id = '{_run_id(better)}'")
+    assert sorted(m.name for m in logged) == ["model", "model_int8"]
+
+    # Lineage on every version.
+    v2 = client.get_model_version(MODEL, "2")
+    for tag in ("flyscale.data_fingerprint", "flyscale.config_sha256", "flyscale.git_commit",
+                "flyscale.flyte_execution", "flyscale.image", "flyscale.gate.beats_champion",
+                "flyscale.gate.quantization", "flyscale.test_data_sha256"):
+        assert v2.tags.get(tag), f"version 2 has no {tag}: {v2.tags}"
+
+    # The UI opens on runs, runs have names that tell them apart, curves and the config are there.
+    runs = [client.get_run(_run_id(out)) for out in (first, better)]
+    experiment = client.get_experiment(runs[0].info.experiment_id)
+    assert experiment.tags[KIND_TAG] == TRAINING_KIND
+    names = [r.info.run_name for r in runs]
+    assert len(set(names)) == 2 and all(n.startswith("mlp-ddp2-data") for n in names), names
+    for r, epochs in zip(runs, (3, 12)):
+        assert r.data.tags.get("flyscale.live") == "training"  # curves logged by training as it ran
+        assert len(client.get_metric_history(r.info.run_id, "val_loss")) == epochs
+        assert r.info.status == "FINISHED"
+    artifacts = {a.path for a in client.list_artifacts(runs[1].info.run_id)}
+    assert "config.yaml" in artifacts, artifacts
+    assert "gate.gates.0.name" in runs[1].data.params
+
+    # Both champions load with pickle deserialization disabled.
+    loaded = _loads_without_pickle(uri, [MODEL, f"{MODEL}-int8"])
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert loaded.stdout.count("loaded") == 2, loaded.stdout
+
+    # Rollback moves both aliases back and records who and why.
+    proc = subprocess.run(
+        [str(BIN / "flyscale"), "rollback", "--model", MODEL, "--to", "1", "--reason", "v2 misbehaves in prod",
+         "--who", "oncall"],
+        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)}, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
+    assert client.get_model_version_by_alias(f"{MODEL}-int8", "champion").version == "1"
+    note = client.get_model_version(MODEL, "1").tags["flyscale.rollback"]
+    assert "rollback by oncall" in note and "from v2 to v1" in note and "v2 misbehaves in prod" in note
+    refused = subprocess.run(
+        [str(BIN / "flyscale"), "rollback", "--model", MODEL, "--to", "9", "--reason", "x"],
+        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)}, capture_output=True, text=True, timeout=120,
+    )
+    assert refused.returncode == 2 and "has no version '9'" in refused.stderr
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Without these chromium stalls or fails on a closed network (no sandbox as root, no GPU, no calls home).
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+# MLflow 3.17's UI picks the experiment page's landing view from the browser's "GenAI" /
+# "Model training" switch (the URL's workflowType, else localStorage, else GenAI), not from the
+# experiment's kind tag: a fresh browser on `#/experiments/<id>` lands on the GenAI overview
+# whatever the tag says. `workflowType=machine_learning` is the switch set to "Model training".
+EXPERIMENT_PAGE = "{base}/#/experiments/{experiment_id}?workflowType=machine_learning"
+# The UI's own compare link (Routes.getCompareRunPageRoute): JSON arrays of run and experiment ids.
+COMPARE_PAGE = "{base}/#/compare-runs?runs={runs}&experiments={experiments}"
+UI_TIMEOUT_MS = 60_000  # generous: the server has one worker, and CI machines are shared
+
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    """A Playwright page in Debian's headless chromium, on a fresh empty profile."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
+            args=CHROMIUM_ARGS, viewport={"width": 1600, "height": 1000},
+        )
+        try:
+            page = context.new_page()
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            yield page
+        finally:
+            context.close()
+
+
+@pytest.mark.timeout(1200)
+def test_the_ui_lands_on_the_runs_and_compares_two(executions, tmp_path, mlflow_server, browser_page):
+    """In Debian's headless chromium (Playwright; `make test` installs it when missing), as a
+    person opens what the summary prints."""
+    from playwright.sync_api import expect
+
+    run_ids = [_run_id(executions["first"]), _run_id(executions["better"])]
+    url = re.search(r"mlflow ui\s+open (\S+)", executions["better"]).group(1)
+
+    # Names and ids as MLflow has them, not as we think we wrote them.
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("registry-e2e")
+    runs = [client.get_run(run_id) for run_id in run_ids]
+    assert {r.info.experiment_id for r in runs} == {experiment.experiment_id}
+    names = [r.info.run_name for r in runs]
+
+    page = browser_page
+    # The address the run summary prints: it must be the one that lands on the runs.
+    assert url == EXPERIMENT_PAGE.format(base=mlflow_server, experiment_id=experiment.experiment_id), url
+    page.goto(url)
+    # The experiment page redirects to a tab: the runs view, or the GenAI overview (traces, tokens).
+    page.wait_for_url(re.compile(rf"#/experiments/{experiment.experiment_id}/(runs|overview|traces)\b"))
+    runs_table, genai = page.get_by_role("grid"), page.get_by_text("Token Usage")
+    expect(runs_table.or_(genai).first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    shot = tmp_path / "experiment-page.png"
+    page.screenshot(path=str(shot), full_page=True)
+    where = f"{url} went to {page.url} (screenshot {shot})"
+    assert genai.count() == 0, f"landed on the GenAI overview, not the runs: {where}"
+    assert f"/experiments/{experiment.experiment_id}/runs" in page.url, f"not the runs view: {where}"
+
+    assert len(set(names)) == 2, f"the two runs are not told apart by name: {names} ({where})"
+    for name in names:
+        try:
+            expect(runs_table.get_by_text(name, exact=True)).to_be_visible(timeout=UI_TIMEOUT_MS)
+        except AssertionError as exc:
+            page.screenshot(path=str(shot), full_page=True)
+            raise AssertionError(f"run {name!r} is not in the runs table: {where}") from exc
+
+    compact = {"separators": (",", ":")}  # as the UI's JSON.stringify writes them
+    url = COMPARE_PAGE.format(base=mlflow_server, runs=json.dumps(run_ids, **compact),
+                              experiments=json.dumps([experiment.experiment_id], **compact))
+    page.goto(url)
+    shot = tmp_path / "compare-runs.png"
+    try:
+        expect(page.get_by_text("Comparing 2 Runs")).to_be_visible(timeout=UI_TIMEOUT_MS)
+        for name, run_id in zip(names, run_ids):
+            expect(page.get_by_text(name, exact=True)).to_be_visible()
+            expect(page.get_by_text(run_id, exact=True)).to_be_visible()
+    except AssertionError as exc:
+        page.screenshot(path=str(shot), full_page=True)
+        raise AssertionError(f"the compare view does not show both runs {names}: {url} (screenshot {shot})") from exc
+    page.screenshot(path=str(shot), full_page=True)
