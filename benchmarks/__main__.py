@@ -2,6 +2,7 @@
 
 from benchmarks import (
     bench_cache,
+    bench_checkpoint,
     bench_dataloader,
     bench_ddp,
     bench_quantize,
@@ -11,6 +12,7 @@ from benchmarks import (
 )
 
 if __name__ == "__main__":
-    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_quantize):
+    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_quantize,
+                  bench_checkpoint):
         bench.main()
         print()

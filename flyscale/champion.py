@@ -45,13 +45,20 @@ class ChampionRef:
     def label(self) -> str:
         return f"v{self.version}" if self.version else "no champion"
 
-    def for_gate(self, test_sha256: str = "") -> dict[str, float] | None:
+    def test_data(self, test_sha256: str) -> str:
+        """How the champion's test data compares with a candidate's: "same", "other", or
+        "unknown" (no champion, or a fingerprint missing on either side)."""
+        if not (self.version and self.test_sha256 and test_sha256):
+            return "unknown"
+        return "same" if self.test_sha256 == test_sha256 else "other"
+
+    def for_gate(self, test_data: str) -> dict[str, float] | None:
         """What a gate plugin receives: the champion's metrics and version, and whether it was
-        tested on this run's test data (1.0, or 0.0), or None when there is no champion."""
+        tested on this run's test data (1.0, or 0.0 when it is known to be other data), or None
+        when there is no champion. `test_data` is `self.test_data(...)`."""
         if not self.version:
             return None
-        same = 1.0 if not (self.test_sha256 and test_sha256) or self.test_sha256 == test_sha256 else 0.0
-        return {**self.metrics, "version": float(self.version), "same_test_data": same}
+        return {**self.metrics, "version": float(self.version), "same_test_data": 0.0 if test_data == "other" else 1.0}
 
 
 @dataclass

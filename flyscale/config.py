@@ -239,6 +239,31 @@ class TrainConfig(_Section):
 
 
 @dataclass
+class RecoveryConfig(_Section):
+    """Surviving dead workers and preemption: checkpoints, resume, and how long to wait for a peer.
+
+    Nothing here changes the model, so none of it is part of training's cache key.
+    """
+
+    _section = "recovery"
+    checkpoint_every_steps: int = 0  # a checkpoint every N optimizer steps; 0 = by time only
+    checkpoint_every_minutes: float = 5.0  # and one every M minutes of training; 0 = by steps only
+    keep_checkpoints: int = 2  # the newest K are kept in the restart directory
+    # The local restart directory; checkpoints go in a folder per run under it. "" = ~/.flyscale/checkpoints.
+    # On a multi-node cluster make it a volume every node mounts.
+    checkpoint_dir: str = ""
+    resume: bool = True  # resume from the newest checkpoint of this run when one exists
+    # A collective that waits longer than this for a peer fails, naming the lost rank: a dead or
+    # stopped worker is an error in seconds, not NCCL's hours. Raise it for slow first steps.
+    collective_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if self.checkpoint_every_steps < 0 or self.checkpoint_every_minutes < 0:
+            raise ValueError("recovery.checkpoint_every_steps and recovery.checkpoint_every_minutes must be >= 0")
+        _positive(self, "keep_checkpoints", "collective_timeout_s")
+
+
+@dataclass
 class PreflightConfig(_Section):
     """A few optimizer steps at world size 1 and at world size N before training; off by default.
 
@@ -389,6 +414,7 @@ class PipelineConfig(_Section):
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     gate: GatesConfig = field(default_factory=GatesConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
@@ -447,7 +473,8 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 # Field type (a string under `from __future__ import annotations`) -> section class.
 _SECTIONS = {
     c.__name__: c
-    for c in (DataConfig, AugmentConfig, ModelConfig, TrainConfig, PreflightConfig, GatesConfig, QuantizeConfig, MlflowConfig)
+    for c in (DataConfig, AugmentConfig, ModelConfig, TrainConfig, PreflightConfig, RecoveryConfig, GatesConfig,
+              QuantizeConfig, MlflowConfig)
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator, Sequence
@@ -127,13 +128,75 @@ def process_group(timeout_s: float = 300.0) -> Iterator[DistContext]:
     if owns_group:
         if ctx.device.type == "cuda":
             torch.cuda.set_device(ctx.device)
-        dist.init_process_group(backend_for(ctx.device), timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(backend_for(ctx.device), timeout=timedelta(seconds=timeout_s), **_round_store(timeout_s))
     configure_logging(ctx)
     try:
         yield ctx
+    except RuntimeError as exc:  # gloo and NCCL report a peer gone quiet as a RuntimeError
+        if owns_group and _peer_lost(exc):
+            message = _lost_peer_message(ctx, exc, timeout_s)
+            # Said now: the launcher reports it only once it has stopped every worker, which for a
+            # stopped one means waiting out its SIGTERM grace.
+            log.error("%s", message)
+            raise LostPeer(message) from exc
+        raise
     finally:
         if owns_group:
             dist.destroy_process_group()
+
+
+def _round_store(timeout_s: float) -> dict:
+    """The key-value store of this round of workers, when torch-elastic restarted the group on one node.
+
+    torch 2.13's agent hands every round the same store (its MASTER_PORT), so a restarted
+    worker group reads the addresses its dead predecessors published there and gloo times out
+    connecting to them. A prefix per restart keeps the rounds apart. (On one node every worker
+    counts the same restarts; across nodes the counts may differ, so there the default stands.)
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if not restart or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    if os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE"):
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_s))
+    return {"store": dist.PrefixStore(f"flyscale/round-{restart}", store),
+            "rank": _env_int("RANK", 0), "world_size": _env_int("WORLD_SIZE", 1)}
+
+
+class LostPeer(RuntimeError):
+    """A worker stopped answering (killed, stopped, its node gone): a retry may succeed. (The
+    training task raises it to Flyte as retryable; this module stays free of flytekit, which
+    every worker would otherwise import.)"""
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(
+        s in text for s in ("Timed out waiting", "Connection closed by peer", "Connection reset by peer",
+                            "pair closure", "Watchdog caught collective operation timeout")
+    )
+
+
+def _lost_peer_message(ctx: DistContext, exc: BaseException, timeout_s: float, grace_s: float = 3.0) -> str:
+    """Which ranks are gone, asked of the job's key-value store (which lives in torch-elastic's
+    agent, not in any worker): every rank that notices checks in, waits `grace_s` for the other
+    survivors (they time out at about the same moment), and names the ranks that never did."""
+    lost = "unknown"
+    try:
+        store = dist.distributed_c10d._get_default_store()  # no public accessor in torch 2.13
+        prefix = f"flyscale/alive/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        store.set(f"{prefix}/{ctx.rank}", "1")
+        time.sleep(grace_s)
+        missing = [r for r in range(ctx.world_size) if not store.check([f"{prefix}/{r}"])]
+        lost = ", ".join(str(r) for r in missing) or "none (every rank answered the store)"
+    except Exception as store_exc:  # noqa: BLE001 (the store may be gone with the peer)
+        lost = f"unknown (the store did not answer: {store_exc})"
+    return (
+        f"rank {ctx.rank} lost its peers: no answer within recovery.collective_timeout_s={timeout_s:g}s. "
+        f"Lost rank(s): {lost}. A killed, stopped or preempted worker, or a network partition; the task is "
+        f"retried and resumes from its last checkpoint. ({exc})"
+    )
 
 
 def configure_logging(ctx: DistContext) -> None:

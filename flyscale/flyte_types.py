@@ -62,7 +62,8 @@ def register_flyscale_types() -> None:
 
     register(
         config.PipelineConfig, config.DataConfig, config.AugmentConfig, config.ModelConfig, config.TrainConfig,
-        config.PreflightConfig, config.GateConfig, config.GatesConfig, config.QuantizeConfig, config.MlflowConfig,
+        config.PreflightConfig, config.RecoveryConfig, config.GateConfig, config.GatesConfig, config.QuantizeConfig,
+        config.MlflowConfig,
         contracts.DatasetInfo, contracts.GateVerdict, data.DataFingerprint, validation.ValidationReport,
         validation.Reference, validation.PinnedSchema, validation.Profile, validation.FeatureProfile,
         evaluation.EvalMetrics, gating.Judgment, ChampionRef, preflight.PreflightReport, provenance.TaskRun,

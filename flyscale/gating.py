@@ -39,13 +39,13 @@ def judge(cfg: GatesConfig | GateConfig, metrics: Mapping[str, float], champion:
           test_sha256: str = "") -> Judgment:
     """Every gate, in order; the champion's test data compared with this run's and said."""
     gates = cfg.gates if isinstance(cfg, GatesConfig) else [cfg]
-    for_gate = champion.for_gate(test_sha256)
-    verdicts = [judge_one(g, metrics, for_gate) for g in gates]
+    match = champion.test_data(test_sha256)  # once: what the gates receive and what the summary says
+    verdicts = [judge_one(g, metrics, champion.for_gate(match)) for g in gates]
     test_data = ""
     if champion.version:
-        if not champion.test_sha256 or not test_sha256:
+        if match == "unknown":
             test_data = f"champion {champion.label()} recorded no test-data fingerprint: compared as given"
-        elif champion.test_sha256 == test_sha256:
+        elif match == "same":
             test_data = f"the same test data as champion {champion.label()} ({test_sha256[:12]})"
         else:
             test_data = (f"OTHER test data than champion {champion.label()} (its {champion.test_sha256[:12]}, this "

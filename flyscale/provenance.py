@@ -10,6 +10,8 @@ other computed moments earlier as computed here.)
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass
 
@@ -21,18 +23,44 @@ class TaskRun:
     task: str
     started_at: float  # unix seconds
     seconds: float = 0.0
+    execution: str = ""  # the first task's stamp only: execution_key() where the execution runs
 
     @classmethod
-    def start(cls, task: str) -> TaskRun:
-        return cls(task=task, started_at=time.time())
+    def start(cls, task: str, execution: str = "") -> TaskRun:
+        return cls(task=task, started_at=time.time(), execution=execution)
 
     def done(self) -> TaskRun:
         """This stamp with the body's duration filled in; return it as the task's output."""
-        return TaskRun(self.task, self.started_at, time.time() - self.started_at)
+        return TaskRun(self.task, self.started_at, time.time() - self.started_at, self.execution)
 
     def cached(self, execution_started: float) -> bool:
         """True when this stamp is older than the execution that now holds it."""
         return self.started_at < execution_started
+
+
+def execution_id() -> str:
+    """The Flyte execution this runs in (`project:domain:name`; `local` for a local run)."""
+    try:
+        from flytekit import current_context
+
+        e = current_context().execution_id
+        return ":".join(p for p in (e.project, e.domain, e.name) if p) or "local"
+    except Exception:  # outside a task (a notebook, a test): there is no execution
+        return "none"
+
+
+def execution_key() -> str:
+    """What names one pipeline execution in every task of it, the failure handler included.
+
+    On a cluster that is Flyte's execution id. Locally every execution is called `local`, but
+    all of an execution's tasks outside the training workers run in the one `pyflyte run`
+    process, so the host and that process tell concurrent executions apart. Call it in a task
+    that runs in that process (not in a training worker: take it from the first task's stamp).
+    """
+    ident = execution_id()
+    if ident.split(":")[-1] in ("local", "none"):
+        return f"local:{socket.gethostname()}:{os.getpid()}"
+    return ident
 
 
 @dataclass

@@ -21,7 +21,7 @@ from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
 from flyscale.model_spec import spec_json
 from flyscale.preflight import PreflightReport
-from flyscale.provenance import CacheReport, TaskRun
+from flyscale.provenance import CacheReport, TaskRun, execution_id
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
 from flyscale.validation import Profile, ValidationReport, reference_json
@@ -39,17 +39,6 @@ def git_commit() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 else "unknown"
-
-
-def execution_id() -> str:
-    """The Flyte execution this runs in (`project:domain:name`; `local` for a local run)."""
-    try:
-        from flytekit import current_context
-
-        e = current_context().execution_id
-        return ":".join(p for p in (e.project, e.domain, e.name) if p) or "local"
-    except Exception:  # outside a task (a notebook, a test): there is no execution
-        return "none"
 
 
 def register(
@@ -87,6 +76,7 @@ def register(
             "flyscale.data_fingerprint": fingerprint.value,
             "flyscale.data_fingerprint_method": fingerprint.method,
             "flyscale.test_data": judgment.test_data or "no champion to compare with",
+            "flyscale.resumed_from": _resumed(history) or "a fresh start",
             **{f"flyscale.cache.{task}": status for task, status in cache.status().items()},
         },
         judged_against=judgment.champion,
@@ -119,7 +109,16 @@ def register(
     return RunSummary(
         validation=report, fp32=fp32, int8=int8, verdicts=judgment.verdicts, registration=registration,
         preflight=preflight, fingerprint=fingerprint, comparison=comparison, test_data=judgment.test_data,
+        resumed=_resumed(history),
     )
+
+
+def _resumed(history: TrainHistory) -> str:
+    """"resumed from step 120 (<checkpoint> (local)); 60 of 180 steps computed after it", or ""."""
+    if not history.resumed_from:
+        return ""
+    return (f"resumed from step {history.resumed_from_step} ({history.resumed_from}); "
+            f"{history.steps_run} of {history.steps} steps computed after it")
 
 
 def _tmp(name: str) -> str:

@@ -126,4 +126,5 @@ def standard_step(
             scheduler.step()
         return loss_sum, correct, len(yb)
 
+    step.scaler = scaler  # type: ignore[attr-defined]  # part of the training state a checkpoint holds
     return step

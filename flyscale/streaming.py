@@ -15,13 +15,15 @@ each epoch. Ranks come only from the `DistContext` the strategy hands in.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from flyscale.shards import Unit
+if TYPE_CHECKING:  # only a type here: importing shards would pull in flytekit for every worker
+    from flyscale.shards import Unit
 
 BUFFER_ROWS = 16_384  # rows mixed across row groups before a batch is drawn
 

@@ -39,6 +39,7 @@ class RunSummary:
     cache: CacheReport | None = None  # filled in by the last task of each execution
     comparison: Comparison | None = None  # int8 against fp32, latency side by side
     test_data: str = ""  # the test data against the champion's
+    resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -56,6 +57,8 @@ class RunSummary:
             f"size {self.int8.size_bytes / 1024:.1f} KiB  (drop {self.fp32.accuracy - self.int8.accuracy:+.4f}, "
             f"{self.fp32.size_bytes / max(self.int8.size_bytes, 1):.2f}x smaller)",
         ]
+        if self.resumed:
+            lines.append(f"  training    {self.resumed}")
         p = self.preflight
         if p.steps:
             lines.append(

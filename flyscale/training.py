@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, TensorDataset
 
+from flyscale.checkpoint import Checkpointer, Position, TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
 from flyscale.progress import TrainProgress, train_progress
@@ -68,10 +69,30 @@ class TrainHistory:
     epochs: list[EpochMetrics] = field(default_factory=list)
     diagnosis: str = ""  # e.g. "input pipeline bound: raise train.num_workers"
     mlflow_run_id: str = ""  # the MLflow run rank 0 logged these epochs to while training ("" = none)
+    steps: int = 0  # optimizer steps the model has taken, over every attempt
+    steps_run: int = 0  # of those, the steps this (last) attempt computed
+    resumed_from_step: int = 0  # the checkpoint's step this attempt resumed from (0: a fresh start)
+    resumed_from: str = ""  # that checkpoint's path and where it came from ("" = a fresh start)
+    checkpoints_saved: int = 0  # in this attempt
+    checkpoint_seconds: float = 0.0  # rank 0's wall time spent writing them
 
 
 EpochListener = Callable[[EpochMetrics], None]
 _listeners: list[EpochListener] = []
+
+
+_checkpointers: list[Checkpointer] = []
+
+
+@contextlib.contextmanager
+def checkpointing(checkpointer: Checkpointer) -> Iterator[None]:
+    """Checkpoint (and first resume) every `fit` the block runs, as `checkpointer` says. The
+    training task sets it; strategies only hand `fit` their TrainState."""
+    _checkpointers.append(checkpointer)
+    try:
+        yield
+    finally:
+        _checkpointers.remove(checkpointer)
 
 
 @contextlib.contextmanager
@@ -231,19 +252,41 @@ class TrainingDiverged(ValueError):
     """The training loss became NaN or infinite: the run stops instead of training on garbage."""
 
 
+# After each step: (batch number in the epoch, per-step losses, hits, rows, wait s, busy s so far).
+AfterStep = Callable[[int, list, list, int, float, float], None]
+
+
 def _train_epoch(
-    step: StepFn, loader: DataLoader, ctx: DistContext, bar: TrainProgress | None
+    step: StepFn, loader: DataLoader, ctx: DistContext, bar: TrainProgress | None,
+    position: Position | None = None, after_step: AfterStep | None = None, resumed: Callable[[], None] | None = None,
 ) -> tuple[float, float | None, int, float, float, int]:
     """One pass of `step` over `loader` on this rank:
-    (loss sum, correct or None, rows, data wait s, seconds, first non-finite step or -1)."""
+    (loss sum, correct or None, rows, data wait s, seconds, first non-finite step or -1).
+
+    Resuming (`position.batch` > 0), the batches done before the checkpoint are drawn and
+    skipped, so the rest come in the order they would have, and its partial sums carry on.
+    `after_step` sees where the epoch stands after every step (fit decides whether to save).
+    """
     # Per-step values stay on the device as a list: no kernel per step, one reduction per epoch.
     losses: list[torch.Tensor] = []
     hits: list[torch.Tensor] = []
-    count, wait = 0, 0.0
+    count, wait, carried_seconds, skip = 0, 0.0, 0.0, 0
+    if position is not None and position.batch:
+        skip = position.batch
+        losses = [torch.tensor(v, device=ctx.device) for v in position.losses]
+        hits = [torch.tensor(v, device=ctx.device) for v in position.hits]
+        count, wait, carried_seconds = position.rows, position.wait, position.seconds
     if bar is not None:
         bar.start_epoch()
+    batches = iter(loader)
+    for _ in range(skip):
+        next(batches)
+        if bar is not None:
+            bar.step(0)
+    if skip and resumed is not None:
+        resumed()  # the RNG as it stood when the checkpoint was written, at this very batch
     start = tick = time.perf_counter()
-    for xb, yb in loader:
+    for batch, (xb, yb) in enumerate(batches, start=skip + 1):
         wait += time.perf_counter() - tick
         xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
         batch_loss, batch_correct, rows = step(xb, yb)
@@ -253,6 +296,8 @@ def _train_epoch(
         count += rows
         if bar is not None:
             bar.step(len(yb))
+        if after_step is not None:
+            after_step(batch, losses, hits, count, wait, carried_seconds + time.perf_counter() - start)
         tick = time.perf_counter()
     per_step = torch.stack(losses) if losses else torch.zeros(0, device=ctx.device)
     loss_sum = float(per_step.sum())  # the one device sync of the epoch
@@ -261,7 +306,7 @@ def _train_epoch(
         first_bad = int(torch.nonzero(~torch.isfinite(per_step))[0])
     # None when no step tracked accuracy: unknown is not zero, and is not logged as a number.
     correct = float(torch.stack(hits).sum()) if hits else None
-    return loss_sum, correct, count, wait, time.perf_counter() - start, first_bad
+    return loss_sum, correct, count, wait, carried_seconds + time.perf_counter() - start, first_bad
 
 
 def _diverged(epoch: int, first_bad: int, steps: int, cfg: TrainConfig, ctx: DistContext) -> TrainingDiverged:
@@ -292,19 +337,46 @@ def fit(
     strategy: str,
     optimizer: torch.optim.Optimizer | None = None,
     grad_comm_seconds: Callable[[], float] | None = None,
+    state: TrainState | None = None,
 ) -> TrainHistory:
     """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each.
 
     `grad_comm_seconds`, if given, returns the seconds gradient all-reduces have been in flight
-    so far (the ddp strategy's timed comm hook provides one).
+    so far (the ddp strategy's timed comm hook provides one). `state` (this rank's model part,
+    optimizer, scheduler, scaler) lets the training task's checkpointer save and resume it; a
+    strategy that gives none trains without checkpoints.
     """
     history = TrainHistory(strategy=strategy, world_size=ctx.world_size)
-    with train_progress(cfg.epochs, len(loader), main=ctx.is_main, world_size=ctx.world_size) as bar:
+    ckpt = _checkpointers[-1] if _checkpointers and state is not None else None
+    if _checkpointers and state is None and ctx.is_main:
+        log.warning("strategy %r hands fit no TrainState: this run keeps no checkpoints", strategy)
+    position = Position()
+    if ckpt is not None:
+        found = ckpt.restore(state, ctx, strategy)  # type: ignore[arg-type]
+        if found is not None:
+            position, resumed = found
+            history.resumed_from_step, history.resumed_from = resumed.step, f"{resumed.path} ({resumed.source})"
+            history.epochs = [EpochMetrics(**m) for m in position.history]
+    steps_per_epoch = len(loader)
+    done = [position.step]  # optimizer steps taken so far, over every attempt
+
+    def after_step(batch: int, losses: list, hits: list, rows: int, wait: float, seconds: float) -> None:
+        done[0] += 1
+        if ckpt is not None and ckpt.due(done[0], ctx):
+            at = Position(step=done[0], epoch=epoch, batch=batch, losses=[float(v) for v in losses],
+                          hits=[float(v) for v in hits], rows=rows, wait=wait, seconds=seconds,
+                          history=[vars(m).copy() for m in history.epochs])
+            ckpt.save(state, at, ctx, strategy)  # type: ignore[arg-type]
+
+    with train_progress(cfg.epochs, steps_per_epoch, main=ctx.is_main, world_size=ctx.world_size) as bar:
         comm_before = grad_comm_seconds() if grad_comm_seconds else 0.0
-        for epoch in range(cfg.epochs):
+        for epoch in range(position.epoch, cfg.epochs):
             set_epoch(loader, epoch)
             model.train()
-            loss_sum, correct, count, wait, seconds, first_bad = _train_epoch(step, loader, ctx, bar)
+            resume_here = position if epoch == position.epoch else None
+            loss_sum, correct, count, wait, seconds, first_bad = _train_epoch(
+                step, loader, ctx, bar, resume_here, after_step, ckpt.restore_rng if ckpt is not None else None,
+            )
             v_loss, v_correct, v_count = evaluate()
             comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
             grad_comm, comm_before = comm_now - comm_before, comm_now
@@ -314,7 +386,7 @@ def fit(
                 tracked,
             )
             if not math.isfinite(m.train_loss):  # summed over ranks: every rank sees it and stops together
-                raise _diverged(epoch, first_bad, len(loader), cfg, ctx)
+                raise _diverged(epoch, first_bad, steps_per_epoch, cfg, ctx)
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
             history.epochs.append(m)
             history.diagnosis = diagnose(m, cfg) or history.diagnosis
@@ -329,6 +401,9 @@ def fit(
                     epoch + 1, cfg.epochs, m.train_loss, acc, m.val_loss, m.val_accuracy,
                     m.samples_per_s, 100 * m.data_wait_fraction,
                 )
+    history.steps, history.steps_run = done[0], done[0] - position.step
+    if ckpt is not None:
+        history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
     if history.diagnosis and ctx.is_main:
         log.warning("%s", history.diagnosis)
     return history

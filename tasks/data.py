@@ -17,7 +17,7 @@ from flyscale.caching import LIBRARIES, code_cache
 from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
 from flyscale.contracts import DatasetInfo
 from flyscale.data import DataFingerprint
-from flyscale.provenance import TaskRun
+from flyscale.provenance import TaskRun, execution_key
 from flyscale.schemas import LabeledFrame
 from flyscale.shards import Shards
 from flyscale.validation import Profile, Reference, ValidationReport
@@ -56,7 +56,7 @@ Streamed = NamedTuple(
 @task(cache=False, container_image=IMAGE, requests=SMALL)
 def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
     """The identity of the configured data as it is now (see the dataset's fingerprint())."""
-    run = TaskRun.start("fingerprint_data")
+    run = TaskRun.start("fingerprint_data", execution=execution_key())
     streaming = bool(cfg.plugin.attribute("streaming"))
     return Fingerprinted(fingerprint=data.fingerprint(cfg), streaming=streaming, run=run.done())
 

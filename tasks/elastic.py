@@ -5,10 +5,11 @@ worker processes on this machine. On a cluster the same task becomes a Kubeflow 
 
     FLYSCALE_NNODES=2 FLYSCALE_NPROC_PER_NODE=4 pyflyte run --remote workflows/train.py training_pipeline
 
-or, with `FLYSCALE_LAUNCHER=pytorch`, a classic PyTorchJob of one master and
-`FLYSCALE_NNODES - 1` worker pods (one process each) with per-replica resources
-(`FLYSCALE_REPLICA_CPU`, `FLYSCALE_REPLICA_MEM`, `FLYSCALE_REPLICA_GPU`). Run locally, that
-launcher trains in one process.
+`FLYSCALE_MAX_RESTARTS` (default 1) is how often torch-elastic restarts the worker group after a
+worker dies; the group resumes from the run's last checkpoint. With `FLYSCALE_LAUNCHER=pytorch`,
+the task is a classic PyTorchJob of one master and `FLYSCALE_NNODES - 1` worker pods (one process
+each) with per-replica resources (`FLYSCALE_REPLICA_CPU`, `FLYSCALE_REPLICA_MEM`,
+`FLYSCALE_REPLICA_GPU`). Run locally, that launcher trains in one process.
 
 A multi-node setting run locally would wait for peers that never come (the rendezvous times out
 after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so. It extends
@@ -68,7 +69,7 @@ def importable_by_workers(fn) -> Iterator[None]:
 
 class LocalSafeElasticTask(PytorchElasticFunctionTask):
     def execute(self, **kwargs):
-        with importable_by_workers(self.task_function):
+        with importable_by_workers(self.task_function), transient_faults_retryable():
             if self.min_nodes > 1 and not in_pytorchjob():
                 log.warning(
                     "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
@@ -84,6 +85,37 @@ class LocalSafeElasticTask(PytorchElasticFunctionTask):
         return PytorchElasticFunctionTask(task_config=dataclasses.replace(config, nnodes=1), task_function=self.task_function)
 
 
+@contextlib.contextmanager
+def transient_faults_retryable() -> Iterator[None]:
+    """Faults of the machine, not of the code or the data, as FlyteRecoverableException, so that
+    Flyte retries the task (which then resumes from its checkpoint).
+
+    flytekit's Elastic task calls a failure retryable only when the worker raised a
+    FlyteRecoverableException itself. A worker killed by a signal (SIGKILL from the OOM killer or
+    a preempted node, SIGTERM) raised nothing: flytekit wraps torch-elastic's ChildFailedError in
+    a FlyteUserRuntimeException, which Flyte does not retry. A rendezvous that times out (peers
+    that never came) is transient too.
+    """
+    from flytekit.exceptions.user import FlyteRecoverableException, FlyteUserRuntimeException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    try:
+        yield
+    except FlyteUserRuntimeException as exc:
+        failure = exc.value if isinstance(exc.value, ChildFailedError) else None
+        killed = {rank: f for rank, f in failure.failures.items() if f.exitcode < 0} if failure else {}
+        if not killed:
+            raise
+        named = ", ".join(f"rank {rank} (pid {f.pid}) by {f.signal_name()}" for rank, f in sorted(killed.items()))
+        raise FlyteRecoverableException(
+            f"training workers were killed: {named}, after the configured worker restarts. A retry resumes "
+            f"from the last checkpoint.\n{failure.format_msg()}"
+        ) from exc
+    except RendezvousError as exc:
+        raise FlyteRecoverableException(f"the training workers' rendezvous failed: {exc}. A retry may find its peers") from exc
+
+
 TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)
 
 
@@ -94,8 +126,11 @@ def _replica_resources() -> Resources:
     )
 
 
-# The launcher's settings and their defaults: elastic, 1 node, 2 worker processes.
-LAUNCHER_SETTINGS = {"FLYSCALE_LAUNCHER": "elastic", "FLYSCALE_NNODES": "1", "FLYSCALE_NPROC_PER_NODE": "2"}
+# The launcher's settings and their defaults: elastic, 1 node, 2 worker processes, and one restart
+# of the worker group after a worker dies (it resumes from the last checkpoint).
+LAUNCHER_SETTINGS = {
+    "FLYSCALE_LAUNCHER": "elastic", "FLYSCALE_NNODES": "1", "FLYSCALE_NPROC_PER_NODE": "2", "FLYSCALE_MAX_RESTARTS": "1",
+}
 
 
 def _setting(name: str) -> str:
@@ -103,8 +138,18 @@ def _setting(name: str) -> str:
 
 
 def launcher_facts() -> str:
-    """The launcher's kind, nodes and processes per node, for the training tasks' cache versions."""
-    return ":".join(f"{name}={_setting(name)}" for name in LAUNCHER_SETTINGS)
+    """The launcher's kind, nodes and processes per node, for the training tasks' cache versions
+    (they decide the global batch; how often a dead worker is restarted does not)."""
+    return ":".join(f"{name}={_setting(name)}" for name in LAUNCHER_SETTINGS if name != "FLYSCALE_MAX_RESTARTS")
+
+
+def training_retries() -> int:
+    """How often Flyte retries the training task after a retryable failure (FLYSCALE_TRAIN_RETRIES,
+    default 2); each retry resumes from the checkpoint the failed attempt saved."""
+    retries = int(os.environ.get("FLYSCALE_TRAIN_RETRIES") or 2)
+    if retries < 0:
+        raise ValueError(f"FLYSCALE_TRAIN_RETRIES must be >= 0, got {retries}")
+    return retries
 
 
 def training_launcher() -> LocalSafeElastic | PyTorch:
@@ -112,8 +157,11 @@ def training_launcher() -> LocalSafeElastic | PyTorch:
     launcher = _setting("FLYSCALE_LAUNCHER")
     nnodes = int(_setting("FLYSCALE_NNODES"))
     nproc = int(_setting("FLYSCALE_NPROC_PER_NODE"))
+    restarts = int(_setting("FLYSCALE_MAX_RESTARTS"))
     if nnodes < 1 or nproc < 1:
         raise ValueError(f"FLYSCALE_NNODES and FLYSCALE_NPROC_PER_NODE must be >= 1, got {nnodes} and {nproc}")
+    if restarts < 0:
+        raise ValueError(f"FLYSCALE_MAX_RESTARTS must be >= 0, got {restarts}")
     if launcher == "pytorch":
         if nnodes < 2:
             raise ValueError("FLYSCALE_LAUNCHER=pytorch needs FLYSCALE_NNODES >= 2 (one master plus workers)")
@@ -128,6 +176,7 @@ def training_launcher() -> LocalSafeElastic | PyTorch:
     # Short rendezvous timeouts locally; a cluster may wait for pods to be scheduled.
     timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(
-        nnodes=nnodes, nproc_per_node=nproc, rdzv_configs=timeouts, monitor_interval=1,
+        nnodes=nnodes, nproc_per_node=nproc, rdzv_configs=timeouts, max_restarts=restarts,
+        monitor_interval=0.1,  # how often the agent looks at its workers (a float to torch; never serialised)
         increase_shared_mem=False,  # the task asks for shared memory itself (@task(shared_memory=True))
     )

@@ -5,10 +5,11 @@ no version). Then the summary of what this execution computed and what it took f
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from flytekit import task
 from flytekit.types.directory import FlyteDirectory
+from flytekit.types.error import FlyteError
 from flytekit.types.file import FlyteFile
 
 from flyscale import registration, tracking
@@ -20,7 +21,7 @@ from flyscale.data import DataFingerprint
 from flyscale.evaluation import EvalMetrics
 from flyscale.gating import Judgment
 from flyscale.preflight import PreflightReport
-from flyscale.provenance import CacheReport, TaskRun
+from flyscale.provenance import CacheReport, TaskRun, execution_key
 from flyscale.shards import Shards
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
@@ -86,3 +87,12 @@ def summarize(
     """The run summary, with which tasks this execution ran and which it took from the cache."""
     summary.cache = CacheReport.of([*data_runs, *runs, register_run], started.started_at, registration.ALWAYS_RUN)
     return summary
+
+
+@task(cache=False, container_image=IMAGE, requests=SMALL)
+def close_failed_run(cfg: PipelineConfig, err: Optional[FlyteError] = None) -> None:
+    """The workflow's failure handler: the MLflow run this execution left RUNNING ends FAILED,
+    with the error beside it. (Flyte runs it with the workflow's inputs when any task fails.)"""
+    message = err.message if err is not None else "the execution failed"
+    where = f" (in {err.failed_node_id})" if err is not None and err.failed_node_id else ""
+    tracking.close_failed_runs(cfg.mlflow, execution_key(), message + where)

@@ -9,6 +9,7 @@ import json
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -22,6 +23,25 @@ def fail_all(method: str, path: str, body: bytes) -> bool:
 
 def fail_writes(method: str, path: str, body: bytes) -> bool:
     return method != "GET"
+
+
+def fail_registry(method: str, path: str, body: bytes) -> bool:
+    """The model registry (champion reads, versions, aliases); runs and their logs pass."""
+    return "registered-models" in path or "model-versions" in path
+
+
+def after(trigger: str, rule: Rule) -> Rule:
+    """`rule`, but only once a request whose path contains `trigger` has gone through."""
+    seen = threading.Event()
+
+    def conditional(method: str, path: str, body: bytes) -> bool:
+        if seen.is_set():
+            return rule(method, path, body)
+        if trigger in path:
+            seen.set()
+        return False
+
+    return conditional
 
 
 @dataclass
@@ -110,3 +130,19 @@ class FaultProxy:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def spawned_workers(parent: int) -> list[int]:
+    """The pids of the worker processes that `parent` spawned (torch-elastic's workers under
+    `pyflyte run`), oldest first: local rank 0 is started first. Read from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != parent:  # the field after the state: ppid
+                continue
+            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if "spawn_main" in cmdline:
+            found.append(int(stat.parent.name))
+    return sorted(found)

@@ -1,9 +1,15 @@
 """Cache keys on facts, through real `pyflyte run` against a real MLflow server: an unchanged
-rerun is all cache hits; fewer workers re-run training and what follows it; new bytes under the
-same path re-run everything; the same bytes rewritten re-run only the load."""
+rerun is all cache hits; another strategy re-runs training and what follows it; new bytes under
+the same path re-run everything; the same bytes rewritten re-run only the load.
+
+The executions double as the end-to-end checks of what they produce, so that no other test pays
+for a pipeline run of its own: the first one's MLflow run (metrics, plots, the latency table,
+lineage, the champion), the pipeline strategy's run (its stages, the preflight on both workers,
+rank 0's Deck)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -12,12 +18,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from mlflow import MlflowClient
 
 from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import run_pipeline
 
 DATA = ["load_data", "validate_data", "split_data", "augment_data"]
 TRAINING = ["preflight_check", "train_model", "evaluate_model", "quantize_model", "register_model"]
+MODEL = "cache-e2e"
 
 
 def _cache_line(stdout: str) -> tuple[set[str], set[str]]:
@@ -28,6 +36,64 @@ def _cache_line(stdout: str) -> tuple[set[str], set[str]]:
     return parse(match.group(1)), parse(match.group(2))
 
 
+def _run_id(stdout: str) -> str:
+    match = re.search(r"mlflow\s+run (\w+)", stdout)
+    assert match, f"no run id in the summary:\n{stdout[-2000:]}"
+    return match.group(1)
+
+
+def _check_the_first_run(out: str, client: MlflowClient, tmp_path) -> str:
+    """What the first execution recorded, read back from the tracking server."""
+    run_id = _run_id(out)
+    run = client.get_run(run_id)
+    metrics, params, tags = run.data.metrics, run.data.params, run.data.tags
+    assert metrics["test_accuracy"] >= 0.95
+    assert metrics["test_accuracy"] - metrics["int8_test_accuracy"] <= 0.01
+    assert metrics["int8_test_size_bytes"] < metrics["test_size_bytes"]
+    assert params["train.epochs"] == "8" and params["model.name"] == "mlp"
+    assert tags["flyscale.world_size"] == "2" and tags["flyscale.strategy"] == "ddp"
+    assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == list(range(8))
+    artifacts = {a.path for a in client.list_artifacts(run_id, "plots")}
+    assert artifacts == {"plots/confusion_fp32.png", "plots/confusion_int8.png", "plots/reliability_fp32.png",
+                         "plots/learning_curves.png", "plots/latency.png"}
+    assert metrics["test_latency_p99_ms_b64"] >= metrics["test_latency_p50_ms_b64"] > 0
+    assert metrics["test_int8_speedup_b64"] > 0 and 0 <= metrics["test_ece"] <= 1
+    # The latency table as MLflow's UI shows it (log_table's JSON: columns and rows).
+    table = json.loads(open(client.download_artifacts(run_id, "latency.json", str(tmp_path))).read())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert sorted({r["model"] for r in rows}) == ["fp32", "int8"]
+    assert sorted({r["batch_size"] for r in rows}) == [1, 8, 64, 256]
+    assert all(r["p99_ms"] >= r["p50_ms"] > 0 for r in rows)
+    assert client.get_model_version_by_alias(MODEL, "champion").tags["flyscale.run_id"] == run_id
+    assert client.get_model_version_by_alias(f"{MODEL}-int8", "champion").tags["flyscale.run_id"] == run_id
+    # What the decisions rested on is on the run: the data, the cache, the champion compared with.
+    assert len(tags["flyscale.data_fingerprint"]) == 64 and "parquet" in tags["flyscale.data_fingerprint_method"]
+    assert tags["flyscale.cache.train_model"] == "miss" and tags["flyscale.cache.gate_model"] == "always runs"
+    assert tags["flyscale.judged_against"] == "no champion"
+    return run_id
+
+
+def _check_the_pipeline_strategy(proc, out: str, client: MlflowClient, tmp_path) -> None:
+    """`strategy: pipeline` (2 stages, 1F1B) reaches the same bar as DDP; its preflight ran on
+    both workers; rank 0's Deck reached the parent process."""
+    run = client.get_run(_run_id(out))
+    assert run.data.tags["flyscale.strategy"] == "pipeline" and run.data.tags["flyscale.world_size"] == "2"
+    assert run.data.params["train.options.schedule"] == "1f1b"
+    assert run.data.metrics["test_accuracy"] >= 0.95
+    log = proc.stdout + proc.stderr
+    match = re.search(r"preflight passed: 5 steps of pipeline, world size 1 vs 2, max relative difference (\S+)", log)
+    assert match, log[-4000:]
+    assert float(match.group(1)) < 1e-5
+    assert run.data.metrics["preflight_max_rel_diff"] == pytest.approx(float(match.group(1)), rel=1e-2, abs=1e-12)
+    assert "preflight   PASSED: 5 steps at world size 1 vs 2" in out  # and in the summary
+    assert re.search(r"^\s+5\s+\d+\.\d+\s+\d+\.\d+", log, re.MULTILINE)  # the table's last step
+    decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
+    curves = [d for d in decks if "<h3>Learning curves</h3>" in d and "20 epochs; last epoch" in d]
+    assert curves, f"{len(decks)} deck files, none with the pipeline run's learning curves"
+    assert any("<h3>Evaluation on the test split</h3>" in d for d in decks), "no Evaluation deck"
+    assert 'src="data:image/png;base64,' in curves[0]
+
+
 @pytest.mark.timeout(1500)
 def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     shards = tmp_path / "shards"
@@ -35,44 +101,60 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     frame = digits.load(None)
     for i, part in enumerate(np.array_split(frame, 2)):
         part.to_parquet(shards / f"part-{i}.parquet", index=False)
-    preset = tmp_path / "parquet.yaml"
-    preset.write_text(yaml.safe_dump({
+    base = {
         "data": {"dataset": "parquet", "options": {"path": str(shards), "num_classes": 10, "input_shape": [1, 8, 8],
                                                    "ranges": {c: [0, 16] for c in DIGITS_PIXELS}}},
         "augment": {"copies": 0},
-        "train": {"epochs": 3, "batch_size": 64},
+        "train": {"epochs": 8, "batch_size": 64},
         "gate": [{"name": "min_metric", "options": {"threshold": 0.5}}, {"name": "quantization"}],  # it registers
-        "mlflow": {"experiment": "cache-e2e", "model_name": "cache-e2e"},
-    }))
-    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+        "mlflow": {"experiment": "cache-e2e", "model_name": MODEL},
+    }
+    preset = tmp_path / "parquet.yaml"
+    preset.write_text(yaml.safe_dump(base))
+    # TMPDIR: flytekit's local sandbox, and so the Deck files, land under tmp_path.
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "TMPDIR": str(tmp_path)}
     home = tmp_path / "home"  # one local cache for every run below
     home.mkdir()
+    client = MlflowClient(mlflow_server)
 
-    def run(**extra):
-        proc = run_pipeline(home, "--cfg", str(preset), env={**env, **extra})
+    def run(cfg=preset, **extra):
+        proc = run_pipeline(home, "--cfg", str(cfg), env={**env, **extra})
         assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        return _cache_line(proc.stdout), proc.stdout
+        return _cache_line(proc.stdout), proc
 
-    (ran, cached), _ = run()
+    (ran, cached), first = run()
     assert ran == set(DATA + TRAINING) and cached == set()
+    run_id = _check_the_first_run(first.stdout, client, tmp_path)
 
-    (ran, cached), out = run()
-    assert ran == set() and cached == set(DATA + TRAINING), out[-2000:]
+    (ran, cached), second = run()
+    assert ran == set() and cached == set(DATA + TRAINING), second.stdout[-2000:]
+    log = second.stdout + second.stderr
+    assert log.count("Cache hit") == len(DATA + TRAINING) and "Cache miss" not in log, log[-4000:]
+    assert _run_id(second.stdout) == run_id  # the cached registration's run: nothing registered twice
+    assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
 
-    # One worker instead of two: another global batch, another model. The data stays cached.
-    (ran, cached), _ = run(FLYSCALE_NPROC_PER_NODE="1")
+    # Another strategy is another model: training and what follows it run again, the data stays cached.
+    # (Fewer workers likewise: the launcher is in training's cache version, tests/test_remote_serialization.py.)
+    pipelined = tmp_path / "pipeline.yaml"
+    pipelined.write_text(yaml.safe_dump({
+        **base,
+        "train": {"strategy": "pipeline", "epochs": 20, "batch_size": 64, "options": {"schedule": "1f1b", "microbatches": 4}},
+        "preflight": {"enabled": True, "steps": 5},
+    }))
+    (ran, cached), third = run(pipelined)
     assert ran == set(TRAINING) and cached == set(DATA)
+    _check_the_pipeline_strategy(third, third.stdout, client, tmp_path)
 
     # A changed byte under the same path: the nightly run must see it, and retrain on it.
     part = pd.read_parquet(shards / "part-1.parquet")
     part.loc[0, "pixel_10"] = 15.0 if part.loc[0, "pixel_10"] != 15.0 else 14.0
     part.to_parquet(shards / "part-1.parquet", index=False)
-    (ran, cached), out = run()
-    assert ran == set(DATA + TRAINING) and cached == set(), out[-2000:]
+    (ran, cached), proc = run()
+    assert ran == set(DATA + TRAINING) and cached == set(), proc.stdout[-2000:]
 
     # The same bytes written again (a new mtime): loaded again, but identical content re-runs nothing after it.
     time.sleep(0.01)
     shutil.copy2(shards / "part-1.parquet", tmp_path / "copy.parquet")
     (shards / "part-1.parquet").write_bytes((tmp_path / "copy.parquet").read_bytes())
-    (ran, cached), out = run()
-    assert ran == {"load_data"} and cached == set(DATA + TRAINING) - {"load_data"}, out[-2000:]
+    (ran, cached), proc = run()
+    assert ran == {"load_data"} and cached == set(DATA + TRAINING) - {"load_data"}, proc.stdout[-2000:]

@@ -81,7 +81,7 @@ def store(tmp_path, monkeypatch):
 
 
 def _baseline(sha: str = "candidate") -> dict | None:
-    return tracking.read_baseline(MlflowConfig(model_name="digits"), sha).for_gate()
+    return tracking.read_baseline(MlflowConfig(model_name="digits"), sha).for_gate("unknown")  # test data as given
 
 
 def _champion(client: MlflowClient, accuracy: float) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 import uuid
@@ -17,7 +18,7 @@ from mlflow import MlflowClient
 
 from flyscale import champion
 from tests.conftest import BIN, REPO, free_port, run_pipeline
-from tests.faults import FaultProxy, fail_all, fail_writes
+from tests.faults import FaultProxy, after, fail_registry, fail_writes, spawned_workers
 
 QUICK = {"augment": {"copies": 0}, "train": {"epochs": 4, "batch_size": 64}}
 
@@ -37,29 +38,72 @@ def _registry(client: MlflowClient, name: str) -> tuple[list[str], dict[str, str
     return versions, dict(client.get_registered_model(name).aliases)
 
 
+# (the case, the proxy's rule or None for a stopped server, what the error says MLflow was doing)
+FAULTS = {
+    "server stopped": (None, "reading the"),
+    # Training's live run opens (runs/create), then the registry answers 503: the gate fails closed.
+    "5xx on the registry once training runs (gating)": (after("runs/create", fail_registry), "reading the"),
+    "5xx on writes (registering)": (fail_writes, "registering"),
+}
+
+
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("fault", ["server stopped", "5xx on every call (gating)", "5xx on writes (registering)"])
+@pytest.mark.parametrize("fault", list(FAULTS))
 def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, mlflow_server, fault):
     name = f"faults-{uuid.uuid4().hex[:6]}"
     client = MlflowClient(mlflow_server)
+    rule, stage = FAULTS[fault]
     proxy = None
-    if fault == "server stopped":
+    if rule is None:
         uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     else:
-        proxy = FaultProxy(mlflow_server, rule=fail_all if "every" in fault else fail_writes)
+        proxy = FaultProxy(mlflow_server, rule=rule)
         uri = proxy.url
+    killed = "once training runs" in fault
+    checkpoints = tmp_path / "checkpoints"
+    # Training long enough to be hit mid-run, checkpointing often (see below).
+    sections = {"train": {"epochs": 16, "batch_size": 64},
+                "recovery": {"checkpoint_every_steps": 10, "checkpoint_dir": str(checkpoints)}} if killed else {}
     try:
-        proc = run_pipeline(tmp_path, "--cfg", _preset(tmp_path, name), env={"MLFLOW_TRACKING_URI": uri}, timeout=500)
+        if not killed:
+            proc = run_pipeline(tmp_path, "--cfg", _preset(tmp_path, name, **sections),
+                                env={"MLFLOW_TRACKING_URI": uri}, timeout=500)
+            log = proc.stdout + proc.stderr
+        else:
+            # On the way, a training worker is killed (SIGKILL) once the first checkpoint is
+            # written: torch-elastic restarts the group, which resumes from it and carries on
+            # with the same live MLflow run, before the gate meets the failing registry.
+            proc, log_path = _start(tmp_path, "killed", _preset(tmp_path, name, **sections), uri)
+            deadline = time.monotonic() + 300
+            while not list(checkpoints.glob("run-*/step-*[0-9]")):
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+                time.sleep(0.005)
+            workers = spawned_workers(proc.pid)
+            assert len(workers) == 2, workers
+            os.kill(workers[1], signal.SIGKILL)  # local rank 1
+            proc.wait(500)
+            log = log_path.read_text()
     finally:
         if proxy is not None:
             proxy.close()
-    log = proc.stdout + proc.stderr
     assert proc.returncode != 0, log[-3000:]
     # Reads fail closed wherever MLflow is first met (the data reference, then the gate's champion).
-    stage = "registering" if "writes" in fault else "reading the"
     assert f"MLflow failed while {stage}" in log and "can be retried" in log, log[-4000:]
     assert "MlflowUnavailable" in log  # a FlyteRecoverableException: Flyte's retries apply
     assert _registry(client, name) == ([], {})
+    live = re.search(r"training curves live in MLflow: run (\w+)", log)
+    if killed:
+        assert "resuming from checkpoint" in log and "(local): step " in log, log[-4000:]
+        opened = re.findall(r"training curves live in MLflow: run (\w+).*", log)
+        assert len(opened) == 2 and len(set(opened)) == 1 and "(continued)" in log, opened  # one run, continued
+        assert not list(checkpoints.glob("run-*/step-*")), "training finished: its checkpoints should be gone"
+        # The gate failed after training had opened the execution's run: the workflow's failure
+        # handler ends it FAILED, with the error, instead of leaving it RUNNING.
+        assert live, log[-4000:]
+        run = client.get_run(live.group(1))
+        assert run.info.status == "FAILED", run.info
+        assert "gate_model" in run.data.tags["flyscale.failure"] and "MLflow failed" in run.data.tags["flyscale.failure"]
+        assert run.data.metrics["val_accuracy"] > 0  # what training logged stays with it
 
 
 def _start(tmp_path, tag: str, preset: str, uri: str) -> tuple[subprocess.Popen, object]:
@@ -135,3 +179,14 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     assert "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
     assert f"judged      against v{better.version}" in again.stdout
     assert client.get_registered_model(name).aliases == {"champion": better.version}
+    # The failed candidate took the other branch: its run and both its models are logged for
+    # inspection, with the verdict, and no version is registered.
+    assert "registered  no version" in again.stdout and "not registered: a gate failed" in again.stdout
+    assert "record_candidate" in again.stdout and "register_model" not in again.stdout
+    run = client.get_run(re.search(r"mlflow\s+run (\w+)", again.stdout).group(1))
+    assert run.data.tags["flyscale.gates"] == "failed"
+    assert run.data.tags["gate.beats_champion"].startswith("failed: test accuracy")
+    logged = client.search_logged_models(experiment_ids=[run.info.experiment_id],
+                                         filter_string=f"source_run_id = '{run.info.run_id}'")
+    assert sorted(m.name for m in logged) == ["model", "model_int8"]
+    assert sorted(v.version for v in client.search_model_versions(f"name='{name}'")) == ["1", better.version]

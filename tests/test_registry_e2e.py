@@ -61,9 +61,9 @@ def _loads_without_pickle(uri: str, models: list[str]) -> subprocess.CompletedPr
 @pytest.fixture(scope="module")
 def executions(tmp_path_factory, mlflow_server) -> dict[str, str]:
     """Two real executions against one server, shared by the registry and the UI tests: a first
-    model, then a better one. {name: the run summary}. (A worse candidate's branch, no version
-    and its LoggedModels, is tests/test_pipeline_e2e.py's failed gate; a worse one against a
-    champion is tests/test_promotion_e2e.py's re-judging.)"""
+    model, then a better one. {name: the run summary}. (A worse candidate against a champion,
+    which takes the other branch and registers no version, is tests/test_promotion_e2e.py's
+    re-judging.)"""
     tmp = tmp_path_factory.mktemp("registry-e2e")
     return {name: _run(tmp, name, epochs, mlflow_server) for name, epochs in (("first", 3), ("better", 12))}
 

@@ -54,7 +54,11 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(specs) == 15  # both data branches, both publish branches
+    assert len(specs) == 16  # both data branches, both publish branches, and the failure handler
+    assert "tasks.register.close_failed_run" in specs
+    # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
+    assert custom["elasticConfig"]["maxRestarts"] == 1
+    assert train.metadata.retries.retries == 2 and train.metadata.interruptible
     for name, spec in specs.items():
         assert spec.template.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE
 
@@ -67,7 +71,8 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
     changed = {n for n in version["one node"] if version["one node"][n] != version["three nodes"][n]}
     assert changed == {"tasks.train.train_model", "tasks.preflight.preflight_check"}
     cached = {n for n, s in one.items() if s.template.metadata.discoverable}
-    always = {"tasks.data.fingerprint_data", "tasks.data.read_reference", "tasks.evaluate.gate_model", "tasks.register.summarize"}
+    always = {"tasks.data.fingerprint_data", "tasks.data.read_reference", "tasks.evaluate.gate_model", "tasks.register.summarize",
+              "tasks.register.close_failed_run"}  # the failure handler: it only ever closes this execution's run
     assert cached == set(one) - always
 
 

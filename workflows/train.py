@@ -15,12 +15,13 @@ from flyscale.summary import RunSummary
 from tasks.data import fingerprint_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
 from tasks.preflight import preflight_check
-from tasks.register import record_candidate, register_model, summarize
+from tasks.register import close_failed_run, record_candidate, register_model, summarize
 from tasks.train import train_model
 from workflows.data import in_memory_data, streamed_data
 
 
-@workflow
+# A task that fails leaves the execution's MLflow run FAILED, not RUNNING for ever.
+@workflow(on_failure=close_failed_run)
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     """fingerprint -> data (in memory, or streamed) -> preflight -> train -> evaluate -> quantize
     -> gate -> register (every gate passed) or record (one failed) -> summarize."""
@@ -37,7 +38,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
     )
     weights, history, train_ran = train_model(
         train=train, val=val, info=info, model_cfg=cfg.model, cfg=cfg.train, preflight=preflight_report,
-        fingerprint=content, started=started, mlflow_cfg=cfg.mlflow,
+        fingerprint=content, started=started, mlflow_cfg=cfg.mlflow, recovery=cfg.recovery,
     )
     fp32, test_sha256, evaluate_ran = evaluate_model(weights=weights, test=test, info=info, model_cfg=cfg.model)
     int8_weights, int8, comparison, quantize_ran = quantize_model(

@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step
@@ -94,9 +95,10 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
+    step = standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync)
     history = fit(
         wrapped,
-        standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync),
+        step,
         loader,
         data.evaluator(model, ctx),
         cfg,
@@ -104,6 +106,8 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
         strategy="ddp",
         optimizer=optimizer,
         grad_comm_seconds=grad_comm_seconds,
+        # Every rank holds the same state: rank 0 alone writes it to a checkpoint.
+        state=TrainState(model, optimizer, scheduler, step.scaler),
     )
     return TrainResult(model=model, history=history)
 

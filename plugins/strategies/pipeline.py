@@ -15,6 +15,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader
 
+from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import StepFn, make_optimizer, make_scheduler
@@ -229,8 +230,11 @@ def pipeline(
         gather_weights(model, stage, ctx)
         return evaluate_full()
 
+    # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
+    state = TrainState(stage.module, optimizer, scheduler, sharded=stage.schedule is not None)
     history = fit(
-        model, pipeline_step(stage, optimizer, cfg, ctx, scheduler), loader, evaluate, cfg, ctx, "pipeline", optimizer
+        model, pipeline_step(stage, optimizer, cfg, ctx, scheduler), loader, evaluate, cfg, ctx, "pipeline", optimizer,
+        state=state,
     )
     # After the last gather every rank's model holds all trained stages; rank 0's is the result.
     return TrainResult(model=model, history=history)

@@ -1,0 +1,90 @@
+"""Training runs for the recovery tests to kill, stop and resume: real worker processes under
+torch-elastic's own launcher (what flytekit's Elastic task runs), real gloo, real signals.
+
+    python -m tests.recovery_helpers OUT STRATEGY NPROC MAX_RESTARTS EVERY_STEPS EPOCHS [DEST [PREV]]
+
+trains digits with STRATEGY on NPROC workers, checkpointing every EVERY_STEPS steps under
+OUT/ckpt. With DEST (and PREV) every worker runs inside flytekit's task setup with that
+checkpoint destination (and previous attempt's checkpoint): Flyte's checkpoint API as an attempt
+on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s). Rank 0 writes OUT/weights.pt and OUT/history.json; every worker writes its
+pid to OUT/pids/rank<R>-restart<N> so a test knows whom to kill.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import torch
+
+
+def _data():
+    from sklearn.datasets import load_digits
+
+    from flyscale.training import TrainData
+
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
+    return TrainData(x[:1500], y[:1500], x[1500:], y[1500:])
+
+
+def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev: str = "") -> None:
+    import contextlib
+
+    from flyscale import training
+    from flyscale.checkpoint import Checkpointer
+    from flyscale.config import TrainConfig
+    from flyscale.distributed import process_group
+    from flyscale_plugins.datasets import digits
+    from flyscale_plugins.models import MLP, MLPOptions
+    from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+    from flyscale_plugins.strategies.pipeline import PipelineOptions, pipeline
+    from tasks.recovery import FlyteMirror
+
+    root = Path(out)
+    setup = contextlib.nullcontext()
+    if dest:
+        from flytekit.bin.entrypoint import setup_execution
+
+        setup = setup_execution(raw_output_data_prefix=str(root / "raw"), checkpoint_path=dest,
+                                prev_checkpoint=prev or None)
+    with setup, process_group(timeout_s=float(os.environ.get("FLYSCALE_TEST_TIMEOUT_S", "30"))) as ctx:
+        pids = root / "pids"
+        pids.mkdir(exist_ok=True)
+        (pids / f"rank{ctx.rank}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}").write_text(str(os.getpid()))
+        torch.manual_seed(0)
+        # Dropout draws from the RNG every step: an exact resume must put the RNG back too.
+        model = MLP().build(MLPOptions(hidden=[64, 32], dropout=0.2), digits.info(None))
+        cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=16, lr=2e-3, seed=3, warmup_epochs=0.5)
+        fn, options = (ddp, DDPOptions()) if strategy == "ddp" else (pipeline, PipelineOptions(microbatches=2))
+        checkpointer = Checkpointer(root / "ckpt", every_steps=every, keep=2,
+                                    mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None)
+        with training.checkpointing(checkpointer):
+            result = fn(model, _data(), cfg, ctx, options)
+        if ctx.is_main:
+            torch.save(result.model.state_dict(), root / "weights.pt")
+            h = result.history
+            (root / "history.json").write_text(json.dumps({
+                "steps": h.steps, "steps_run": h.steps_run, "resumed_from_step": h.resumed_from_step,
+                "resumed_from": h.resumed_from, "epochs": len(h.epochs), "saved": checkpointer.saved,
+                "train_loss": [m.train_loss for m in h.epochs],
+            }))
+
+
+def main(argv: list[str]) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    out, strategy, nproc, restarts, every, epochs, *rest = argv
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=int(nproc), run_id=uuid.uuid4().hex, rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method="spawn",
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    elastic_launch(config, train)(out, strategy, int(every), int(epochs), *rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,279 @@
+"""Surviving dead workers: real worker processes under torch-elastic's launcher, real gloo, real
+SIGKILL and SIGSTOP. A killed worker is restarted and the group resumes from its last checkpoint
+with the weights an uninterrupted run ends with; a retried attempt resumes from what the previous
+attempt saved through Flyte's checkpoint API; a stopped worker becomes an error naming it;
+damaged or foreign checkpoints are refused before anything is loaded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from flyscale.checkpoint import (
+    MANIFEST,
+    Checkpointer,
+    CheckpointError,
+    Position,
+    TrainState,
+    complete_checkpoints,
+    run_directory,
+)
+from flyscale.distributed import DistContext
+from tests.conftest import REPO
+
+EVERY = 20  # steps between checkpoints
+EPOCHS = 4  # 47 steps an epoch for ddp on 2 workers (batch 16 each), 93 for the pipeline (batch 16)
+
+
+def _launch(out: Path, strategy: str, restarts: int, *flyte: str, env: dict | None = None) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "log.txt", "w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.recovery_helpers", str(out), strategy, "2", str(restarts), str(EVERY),
+         str(EPOCHS), *flyte],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _finish(proc: subprocess.Popen, out: Path, timeout: float = 240) -> dict:
+    assert proc.wait(timeout) == 0, (out / "log.txt").read_text()[-5000:]
+    return json.loads((out / "history.json").read_text())
+
+
+def _wait_for(predicate, proc: subprocess.Popen, out: Path, timeout: float = 120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        assert proc.poll() is None, f"the run ended before the fault was injected:\n{(out / 'log.txt').read_text()[-3000:]}"
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting; log:\n{(out / 'log.txt').read_text()[-3000:]}")
+
+
+def _newest_step(root: Path) -> int:
+    done = [int(p.name.split("-")[1]) for p in complete_checkpoints(root)]
+    return max(done, default=0)
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    wa, wb = torch.load(a, weights_only=True), torch.load(b, weights_only=True)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-6, atol=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Per strategy: the run nothing happened to (same seed, same checkpoint interval)."""
+    runs = {}
+
+    def get(strategy: str) -> tuple[Path, dict]:
+        if strategy not in runs:
+            out = tmp_path_factory.mktemp(f"uninterrupted-{strategy}")
+            runs[strategy] = (out, _finish(_launch(out, strategy, 0), out))
+        return runs[strategy]
+
+    return get
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", ["ddp", "pipeline"])
+def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, strategy, uninterrupted):
+    """Both kinds of restart in one run, as a spot node sees them: a worker dies and torch-elastic
+    restarts the group (from the local directory); then the whole attempt is preempted and Flyte
+    retries it on another node (from what the attempt uploaded through Flyte's checkpoint API).
+    The run ends with the weights of a run nothing happened to."""
+    ref_out, ref = uninterrupted(strategy)
+    first, second = tmp_path / "attempt-1", tmp_path / "attempt-2"
+    first_dest, second_dest = tmp_path / "flyte" / "attempt-1", tmp_path / "flyte" / "attempt-2"
+    proc = _launch(first, strategy, 1, str(first_dest))
+
+    # 1. SIGKILL to rank 1 mid-run (a few checkpoints in, and mid-epoch: no epoch ends on a
+    # multiple of 20 steps here). torch-elastic restarts the group, which resumes from the newest
+    # checkpoint (or the one its peer was finishing): no checkpoint completes without the dead
+    # rank, so the killed group got less than one interval past it, and that is all the work
+    # done twice.
+    seen = _wait_for(lambda: _newest_step(first / "ckpt") >= 3 * EVERY and _newest_step(first / "ckpt"), proc, first)
+    os.kill(int((first / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+    _wait_for(lambda: "resuming from checkpoint" in (first / "log.txt").read_text(), proc, first)
+    resumed = int(re.search(r"resuming from checkpoint \S+ \(local\): step (\d+)", (first / "log.txt").read_text()).group(1))
+    assert (first / "pids" / "rank1-restart1").exists(), "torch-elastic did not restart the worker group"
+    assert resumed in (seen, seen + EVERY), (seen, resumed)
+
+    # 2. The restarted group uploads further checkpoints; then every process of the attempt dies
+    # at once (the pod is preempted).
+    uploaded = lambda: max((int(p.parent.name.split("-")[1]) for p in first_dest.glob(f"step-*/{MANIFEST}")),  # noqa: E731
+                           default=0)
+    _wait_for(lambda: uploaded() >= resumed + 2 * EVERY, proc, first)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    saved = uploaded()
+    assert saved < ref["steps"], "the attempt finished before it could be preempted"
+
+    # 3. The retry runs on another node: a fresh local restart directory, and the previous
+    # attempt's checkpoint as its source, as Flyte hands them to the next attempt.
+    history = _finish(_launch(second, strategy, 0, str(second_dest), str(first_dest)), second)
+    assert history["resumed_from_step"] == saved and "(mirror)" in history["resumed_from"], history
+    assert history["steps"] == ref["steps"] and history["steps_run"] == ref["steps"] - saved
+    _same_weights(second / "weights.pt", ref_out / "weights.pt")
+    assert history["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-6)  # the resumed epochs' metrics too
+    # This attempt uploads its own checkpoints for the next one, keeping the newest two.
+    assert 1 <= len(list(second_dest.glob(f"step-*/{MANIFEST}"))) <= 2
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_worker_fails_the_run_naming_it_instead_of_hanging(tmp_path):
+    proc = _launch(tmp_path, "ddp", 0, env={"FLYSCALE_TEST_TIMEOUT_S": "5"})
+    _wait_for(lambda: _newest_step(tmp_path / "ckpt") >= EVERY, proc, tmp_path)
+    victim = int((tmp_path / "pids" / "rank1-restart0").read_text())
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        _wait_for(lambda: "lost its peers" in (tmp_path / "log.txt").read_text(), proc, tmp_path, timeout=60)
+        noticed = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)  # let the launcher's SIGTERM reach it
+    assert proc.wait(120) != 0
+    log = (tmp_path / "log.txt").read_text()
+    assert "Lost rank(s): 1." in log, log[-4000:]
+    assert noticed < 5 + 3 + 20, noticed  # the timeout, the store's grace, and a loaded machine's slack
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_killed_by_a_signal_is_retryable_and_a_bug_is_not():
+    """Through flytekit's own Elastic task: torch-elastic's ChildFailedError, wrapped by flytekit
+    as a non-retryable user error, is turned into a FlyteRecoverableException only for a signal."""
+    from flytekit import task
+    from flytekit.exceptions.user import FlyteRecoverableException
+
+    from tasks.elastic import LocalSafeElastic
+
+    @task(task_config=LocalSafeElastic(nnodes=1, nproc_per_node=2, max_restarts=0, monitor_interval=0.1))
+    def fails(how: str) -> int:
+        import os
+        import signal
+
+        if os.environ["RANK"] == "1":
+            if how == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise ValueError("a bug in the training code")
+        return 0
+
+    with pytest.raises(FlyteRecoverableException, match=r"training workers were killed: rank 1 \(pid \d+\) by SIGKILL"):
+        fails(how="killed")
+    with pytest.raises(Exception, match="a bug in the training code") as bug:
+        fails(how="bug")
+    assert not isinstance(bug.value, FlyteRecoverableException)
+
+
+# -- checkpoints on one process: damage and incompatibility are refused before loading ----------
+
+
+def _state(hidden: int = 8) -> TrainState:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.ones(3, 4)).sum().backward()
+    opt.step()
+    return TrainState(model, opt)
+
+
+def _saved(tmp_path: Path, steps: list[int]) -> Checkpointer:
+    ckpt = Checkpointer(tmp_path / "ckpt", every_steps=1, keep=5)
+    for step in steps:
+        ckpt.save(_state(), Position(step=step, epoch=0, batch=step), DistContext(), "ddp")
+    return ckpt
+
+
+def test_a_truncated_checkpoint_is_refused_naming_it(tmp_path):
+    ckpt = _saved(tmp_path, [1, 2])
+    newest = complete_checkpoints(ckpt.root)[-1]
+    part = newest / "state-0.pt"
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=rf"{newest}.*state-0.pt is \d+ bytes, the manifest says \d+ \(truncated"):
+        ckpt.restore(_state(), DistContext(), "ddp")
+
+
+def test_a_corrupt_or_unfinished_checkpoint_is_refused(tmp_path):
+    ckpt = _saved(tmp_path, [1])
+    newest = complete_checkpoints(ckpt.root)[-1]
+    data = bytearray((newest / "rank-0.pt").read_bytes())
+    data[-10] ^= 0xFF  # same size, one flipped byte
+    (newest / "rank-0.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"rank-0.pt does not match its sha256 in the manifest \(corrupt\)"):
+        ckpt.restore(_state(), DistContext(), "ddp")
+    (newest / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=rf"{newest} has no manifest.json"):
+        ckpt.restore(_state(), DistContext(), "ddp")
+
+
+def test_a_checkpoint_of_another_model_or_world_size_is_refused(tmp_path):
+    ckpt = _saved(tmp_path, [3])
+    with pytest.raises(CheckpointError, match=r"holds another model than this run builds: 0.bias is float32 \[8\] in the checkpoint and "
+                                            r"float32 \[16\] in this model"):
+        ckpt.restore(_state(hidden=16), DistContext(), "ddp")
+    with pytest.raises(CheckpointError, match=r"written by 1 workers and this run has 2"):
+        # The world size is checked from the manifest, before any collective or any load.
+        ckpt.restore(_state(), _Pretend(world_size=2), "ddp")
+    with pytest.raises(CheckpointError, match=r"written by strategy 'ddp', this run uses 'pipeline'"):
+        ckpt.restore(_state(), DistContext(), "pipeline")
+
+
+class _Pretend(DistContext):
+    """Rank 0 of a larger job, for the checks that run before anything is exchanged."""
+
+    def all_gather_object(self, obj):
+        return [obj] * self.world_size
+
+    def barrier(self):
+        pass
+
+
+def test_a_good_checkpoint_restores_the_state_and_position(tmp_path):
+    ckpt = _saved(tmp_path, [1, 2, 3])
+    assert [p.name for p in complete_checkpoints(ckpt.root)] == ["step-000000001", "step-000000002", "step-000000003"]
+    fresh = _state(hidden=8)
+    with torch.no_grad():
+        for p in fresh.module.parameters():
+            p.zero_()
+    position, resumed = ckpt.restore(fresh, DistContext(), "ddp")
+    assert (position.step, position.batch, resumed.source) == (3, 3, "local")
+    for a, b in zip(fresh.module.state_dict().values(), _state().module.state_dict().values()):
+        assert torch.equal(a, b)
+    assert fresh.optimizer.state_dict()["state"][0]["step"] == 1
+
+
+def test_only_the_newest_checkpoints_are_kept_and_resume_can_be_turned_off(tmp_path):
+    ckpt = Checkpointer(tmp_path / "ckpt", every_steps=1, keep=2)
+    for step in (1, 2, 3, 4):
+        ckpt.save(_state(), Position(step=step), DistContext(), "ddp")
+    assert [p.name for p in complete_checkpoints(ckpt.root)] == ["step-000000003", "step-000000004"]
+    off = Checkpointer(tmp_path / "ckpt", resume=False)
+    assert off.restore(_state(), DistContext(), "ddp") is None
+
+
+def test_runs_keep_their_checkpoints_apart(tmp_path):
+    """Keyed by execution and start: two runs, even of one execution id, never share a directory;
+    the restart of a run (the same inputs) finds its own."""
+    a = run_directory(str(tmp_path), "local:host:100", 1000.0)
+    b = run_directory(str(tmp_path), "local:host:101", 1000.0)
+    c = run_directory(str(tmp_path), "local:host:100", 1000.5)
+    assert len({a, b, c}) == 3 and a == run_directory(str(tmp_path), "local:host:100", 1000.0)
+    Checkpointer(a, every_steps=1).save(_state(), Position(step=7), DistContext(), "ddp")
+    Checkpointer(b, every_steps=1).save(_state(), Position(step=9), DistContext(), "ddp")
+    assert Checkpointer(a).restore(_state(), DistContext(), "ddp")[0].step == 7
+    assert Checkpointer(b).restore(_state(), DistContext(), "ddp")[0].step == 9
+    assert Checkpointer(c).restore(_state(), DistContext(), "ddp") is None
