@@ -1,7 +1,9 @@
-"""The training stage's per-epoch time against a hand-written PyTorch loop.
+"""The training stage's per-epoch time against the fastest plain PyTorch loop.
 
-Same model, data, seed, batch size and optimizer; one process, so the ratio is our loop's
-overhead (metrics, sampler, hooks), not communication. Goal: ratio <= 1.05.
+The baseline indexes a shuffled tensor with one slice per batch: the fastest loop a person can
+write for data in memory. Same model, data, seed, batch size and optimizer; one process, so the
+ratio is our loop's overhead (metrics, sampler, checkpoint hooks), not communication. Goal:
+ratio <= 1.02. The tutorial's DataLoader loop is printed beside it, for scale.
 """
 
 from __future__ import annotations
@@ -22,6 +24,27 @@ from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 EPOCHS = 5
 ROUNDS = 3
+
+
+def sliced(model, d: TrainData, cfg: TrainConfig) -> list[float]:
+    """The fastest plain loop: a fresh permutation each epoch, one index gather per batch."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    g = torch.Generator().manual_seed(cfg.seed)
+    n = len(d.y_train)
+    times = []
+    for _ in range(cfg.epochs):
+        model.train()
+        start = time.perf_counter()
+        order = torch.randperm(n, generator=g)
+        for i in range(0, n, cfg.batch_size):
+            idx = order[i : i + cfg.batch_size]
+            xb, yb = d.x_train.index_select(0, idx), d.y_train.index_select(0, idx)
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def hand_written(model, d: TrainData, cfg: TrainConfig) -> list[float]:
@@ -67,16 +90,20 @@ def main() -> None:
     rows = {
         name: interleaved(
             {
-                "hand-written": timed(hand_written, m),
+                "plain": timed(sliced, m),
                 "flyscale": timed(ours, m),
                 "flyscale+train-acc": timed(ours_with_train_accuracy, m),
+                "DataLoader loop": timed(hand_written, m),
             },
             ROUNDS,
         )
         for name, m in MODELS.items()
     }
-    report(f"trainer vs hand-written loop: digits x3 ({len(d.y_train)} rows), batch 32, 1 thread",
-           "hand-written", ["flyscale", "flyscale+train-acc"], rows, goal=1.05)
+    report(f"trainer vs the fastest plain loop: digits x3 ({len(d.y_train)} rows), batch 32, 1 thread",
+           "plain", ["flyscale", "flyscale+train-acc"], rows, goal=1.02)
+    for name, t in rows.items():
+        print(f"  {name:<24} for scale: the tutorial's DataLoader loop {t['DataLoader loop'] * 1000:7.1f} ms/epoch, "
+              f"{t['DataLoader loop'] / t['plain']:.3f}x the plain loop")
 
 
 if __name__ == "__main__":

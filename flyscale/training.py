@@ -122,8 +122,13 @@ class TrainData:
     y_val: torch.Tensor
     stream: Stream | None = None
 
-    def train_loader(self, cfg: TrainConfig, ctx: DistContext, *, shard: bool = True, drop_last: bool = False) -> DataLoader:
-        """Batches of `cfg.batch_size`: this rank's share (`shard`), or the same batches on every rank."""
+    def train_loader(self, cfg: TrainConfig, ctx: DistContext, *, shard: bool = True,
+                     drop_last: bool = False) -> DataLoader | TensorBatches:
+        """Batches of `cfg.batch_size`: this rank's share (`shard`), or the same batches on every rank.
+
+        In memory and without worker processes, batches are sliced from the tensors; the
+        DataLoader serves streamed data and `train.num_workers > 0`.
+        """
         world, rank = (ctx.world_size, ctx.rank) if shard else (1, 0)
         if self.stream is not None:
             dataset = StreamingShards(
@@ -142,6 +147,8 @@ class TrainData:
             sampler = ctx.train_sampler(dataset, seed=cfg.seed)
         else:  # every rank the same rows in the same order; set_epoch reseeds it identically everywhere
             sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed))
+        if cfg.num_workers == 0:
+            return TensorBatches(self.x_train, self.y_train, sampler, cfg.batch_size, drop_last)
         return make_loader(dataset, sampler, cfg, ctx, drop_last=drop_last)
 
     def evaluator(self, model: nn.Module, ctx: DistContext) -> EvalFn:
@@ -154,6 +161,31 @@ class TrainData:
     @property
     def train_rows(self) -> int:
         return sum(u.rows for u in self.stream.train) if self.stream is not None else len(self.y_train)
+
+
+class TensorBatches:
+    """In-memory batches by slicing: one gather per batch, in the order `sampler` gives.
+
+    A DataLoader over a TensorDataset fetches each row by itself and collates them: on the
+    default MLP that was 15% of an epoch. The order (and a DistributedSampler's padding) is the
+    sampler's, so the batches, and the trained weights, are the same as the DataLoader's.
+    `set_epoch` reseeds `sampler` as it would a DataLoader's.
+    """
+
+    dataset = None  # what distributed.set_epoch looks at first: nothing here reshuffles itself
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler: Sampler, batch_size: int, drop_last: bool = False):
+        self.x, self.y, self.sampler, self.batch_size, self.drop_last = x, y, sampler, batch_size, drop_last
+
+    def __len__(self) -> int:
+        n = len(self.sampler)  # type: ignore[arg-type]
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long)
+        for i in range(len(self)):
+            idx = order[i * self.batch_size : (i + 1) * self.batch_size]
+            yield self.x.index_select(0, idx), self.y.index_select(0, idx)
 
 
 @dataclass

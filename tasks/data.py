@@ -21,7 +21,7 @@ from flyscale.provenance import TaskRun, execution_key
 from flyscale.schemas import LabeledFrame
 from flyscale.shards import Shards
 from flyscale.validation import Profile, Reference, ValidationReport
-from tasks.common import IMAGE, SMALL
+from tasks.common import DECKS, IMAGE, SMALL
 
 Fingerprinted = NamedTuple(
     "Fingerprinted", [("fingerprint", DataFingerprint), ("streaming", bool), ("run", TaskRun)]
@@ -78,7 +78,7 @@ def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprin
 
 
 @task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
-      enable_deck=True)
+      enable_deck=True, deck_fields=DECKS)
 def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, reference: Reference) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
     run = TaskRun.start("validate_data")
@@ -105,7 +105,7 @@ def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: Augment
 
 
 @task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
-      enable_deck=True)
+      enable_deck=True, deck_fields=DECKS)
 def prepare_stream(cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference) -> Streamed:
     """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
     three splits as shards as it streams by (keyed on the source's fingerprint)."""

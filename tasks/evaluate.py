@@ -17,7 +17,7 @@ from flyscale.evaluation import EvalMetrics, evaluate_batches
 from flyscale.gating import Judgment
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
-from tasks.common import IMAGE, SMALL
+from tasks.common import DECKS, IMAGE, SMALL
 
 Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("test_sha256", str), ("run", TaskRun)])
 Quantized = NamedTuple(
@@ -38,7 +38,8 @@ def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cf
     return Evaluated(metrics=metrics, test_sha256=shards.content_sha256(test.dir.download()), run=run.done())
 
 
-@task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL, enable_deck=True)
+@task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL, enable_deck=True,
+      deck_fields=DECKS)
 def quantize_model(
     weights: FlyteFile, train: Shards, test: Shards, info: DatasetInfo, model_cfg: ModelConfig, cfg: QuantizeConfig,
     fp32: EvalMetrics,

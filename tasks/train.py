@@ -18,7 +18,7 @@ from flyscale.preflight import PreflightReport
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
 from flyscale.training import TrainHistory
-from tasks.common import IMAGE
+from tasks.common import DECKS, IMAGE
 from tasks.elastic import launcher_facts, training_launcher, training_retries
 from tasks.recovery import FlyteMirror, lost_peers_retryable
 
@@ -39,6 +39,7 @@ Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistor
     retries=training_retries(),
     shared_memory=True,  # DataLoader workers and gloo exchange tensors through /dev/shm
     enable_deck=True,  # rank 0's "Learning curves" Deck; flytekit's Elastic task ships it to the parent
+    deck_fields=DECKS,
 )
 def train_model(
     train: Shards,

@@ -36,7 +36,7 @@ def _upload(tmp_path, endpoint: str, frame: pd.DataFrame, prefix: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
+def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint, mlflow_server):
     aws = _aws(moto_endpoint)
     frame = digits.load(None).rename(columns={"label": "digit"})
     frame.loc[7, "pixel_12"] = 99.0  # out of the declared range: must be quarantined, not trained on
@@ -53,7 +53,7 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
         "train": {"epochs": 10, "batch_size": 64},
         "mlflow": {"experiment": "s3", "model_name": "s3-digits"},
     }))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_server
     proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**aws, "MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "1797 rows: 1796 valid, 1 quarantined" in proc.stdout
@@ -72,7 +72,7 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint):
 
 
 @pytest.mark.timeout(900)
-def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, moto_endpoint):
+def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, moto_endpoint, mlflow_server):
     frame = digits.load(None).rename(columns={"label": "digit"})
     frame.loc[7, "pixel_12"] = 99.0  # out of range, in the first shard
     frame.iloc[1500] = frame.iloc[20]  # a duplicate of a row two shards (and chunks) earlier
@@ -86,7 +86,7 @@ def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, 
         "train": {"epochs": 6, "batch_size": 64, "num_workers": 2},
         "mlflow": {"experiment": "stream", "model_name": "stream-digits"},
     }))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_server
     proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**_aws(moto_endpoint), "MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "1797 rows: 1795 valid, 2 quarantined" in proc.stdout
