@@ -26,43 +26,41 @@ EPOCHS = 5
 ROUNDS = 3
 
 
-def sliced(model, d: TrainData, cfg: TrainConfig) -> list[float]:
-    """The fastest plain loop: a fresh permutation each epoch, one index gather per batch."""
+def _plain(model, cfg: TrainConfig, epoch_batches) -> list[float]:
+    """The textbook step over each epoch's batches (`epoch_batches()` gives an epoch's), timed per epoch."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    g = torch.Generator().manual_seed(cfg.seed)
-    n = len(d.y_train)
     times = []
     for _ in range(cfg.epochs):
         model.train()
         start = time.perf_counter()
+        for xb, yb in epoch_batches():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def sliced(model, d: TrainData, cfg: TrainConfig) -> list[float]:
+    """The fastest plain loop: a fresh permutation each epoch, one index gather per batch."""
+    g = torch.Generator().manual_seed(cfg.seed)
+    n = len(d.y_train)
+
+    def batches():
         order = torch.randperm(n, generator=g)
         for i in range(0, n, cfg.batch_size):
             idx = order[i : i + cfg.batch_size]
-            xb, yb = d.x_train.index_select(0, idx), d.y_train.index_select(0, idx)
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
-            opt.step()
-        times.append(time.perf_counter() - start)
-    return times
+            yield d.x_train.index_select(0, idx), d.y_train.index_select(0, idx)
+
+    return _plain(model, cfg, batches)
 
 
 def hand_written(model, d: TrainData, cfg: TrainConfig) -> list[float]:
-    """The loop a person writes from the PyTorch tutorial, timed per epoch (training only)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    """The loop a person writes from the PyTorch tutorial: a DataLoader over a TensorDataset."""
     g = torch.Generator().manual_seed(cfg.seed)
     loader = DataLoader(TensorDataset(d.x_train, d.y_train), batch_size=cfg.batch_size, sampler=RandomSampler(d.x_train, generator=g))
-    times = []
-    for _ in range(cfg.epochs):
-        model.train()
-        start = time.perf_counter()
-        for xb, yb in loader:
-            opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
-            loss.backward()
-            opt.step()
-        times.append(time.perf_counter() - start)
-    return times
+    return _plain(model, cfg, lambda: loader)
 
 
 def ours(model, d: TrainData, cfg: TrainConfig) -> list[float]:
