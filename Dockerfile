@@ -2,26 +2,31 @@
 # The image every flyscale Flyte task runs in (locally built, pushed, then passed
 # to `pyflyte run --remote --image ...` / `pyflyte register --image ...`).
 #
-# CPU build (default):
+# CPU build (default): requirements.lock, which pins torch==2.13.0+cpu from the CPU index.
 #   docker build -t <registry>/flyscale:<tag> .
-# GPU build: a CUDA torch index and a CUDA lock (the default lock pins torch==2.13.0+cpu):
-#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu126 \
-#                --build-arg LOCK_FILE=requirements-cuda.lock -t <registry>/flyscale:<tag>-cuda .
+# GPU build: requirements-cuda.lock (`make lock-cuda`) pins PyPI's torch==2.13.0, the CUDA 13
+# build, whose CUDA libraries come as nvidia-* wheels: no CUDA base image is needed, only GPU
+# nodes with an NVIDIA driver recent enough for CUDA 13 and the NVIDIA device plugin.
+# TORCH_INDEX must be empty for it: the CPU index's 2.13.0+cpu also satisfies ==2.13.0 and
+# would win (a local version sorts above the plain one).
+#   docker build --build-arg LOCK_FILE=requirements-cuda.lock --build-arg TORCH_INDEX= \
+#                -t <registry>/flyscale:<tag>-cuda .
 #
-# Base image: pin by digest for reproducible builds. We pin the full tag here because
-# the digest cannot be looked up from where this file was written. Resolve it with
-#   docker buildx imagetools inspect python:3.11.11-slim-bookworm
-# and build with (or change the default to):
-#   --build-arg BASE_IMAGE=python:3.11.11-slim-bookworm@sha256:<digest>
-# pin: python:3.11.11-slim-bookworm@sha256:<digest>
-ARG BASE_IMAGE=python:3.11.11-slim-bookworm
+# Base image, pinned by digest: the multi-arch manifest list of python:3.11.16-slim-bookworm,
+# as published in docker-library/repo-info, repos/python/remote/3.11.16-slim-bookworm.md
+# ("$ docker pull python@sha256:..." at the top of that file). The tag is for the reader;
+# the digest is what Docker pulls. To move to a newer build, take the new digest from that
+# file (or `docker buildx imagetools inspect python:<tag>`) and change the line below;
+# tasks/imagespec.py reads it from here.
+ARG BASE_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 # ---------------------------------------------------------------------------
 # builder: resolve nothing, install exact pins into a venv we copy out whole.
 # ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS builder
 
-# Where torch's wheels live. The CPU index serves torch==2.13.0+cpu (no nvidia-* wheels).
+# Where torch's wheels live besides PyPI. The CPU index serves torch==2.13.0+cpu (no nvidia-*
+# wheels); leave it empty for the CUDA lock, whose torch comes from PyPI.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 # Exact pins made by `make lock` (uv pip compile); pip never backtracks over them.
 ARG LOCK_FILE=requirements.lock
@@ -34,7 +39,8 @@ RUN python -m venv "${VIRTUAL_ENV}"
 
 # The lock goes in alone, so that code edits do not re-install 2 GB of wheels.
 COPY ${LOCK_FILE} /tmp/requirements.lock
-RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX}" -r /tmp/requirements.lock
+RUN pip install --no-cache-dir ${TORCH_INDEX:+--extra-index-url "${TORCH_INDEX}"} \
+    -r /tmp/requirements.lock
 
 # ---------------------------------------------------------------------------
 # runtime: the base image, the venv, the project, a non-root user. No compilers.

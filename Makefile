@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # pytest-timeout guards every test; distributed tests set tighter ones themselves.
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench lock lint clean
+.PHONY: install run test bench lock lock-cuda lint clean
 
 install: $(STAMP)
 
@@ -52,6 +52,18 @@ lock:
 	uv pip compile pyproject.toml --extra dev -c lock-constraints.txt \
 	  --find-links /opt/wheels --python-version 3.11 --no-header --no-emit-find-links \
 	  -o requirements.lock
+
+# The GPU image's lock (Dockerfile: --build-arg LOCK_FILE=requirements-cuda.lock). Run after `make lock`:
+# every pin of requirements.lock but torch is a constraint here, so the two locks agree on all they
+# share; torch is PyPI's build of the same version (lock-constraints.txt's pin without +cpu), the
+# CUDA one, which adds the nvidia-* wheels. No --find-links: the CPU wheel there would satisfy
+# torch==X too. Constraints come on stdin so that no temporary path lands in the lock's comments.
+lock-cuda:
+	{ sed -E 's/^torch==([^+]+)\+cpu$$/torch==\1/' lock-constraints.txt; \
+	  grep -E '^[A-Za-z0-9._-]+==' requirements.lock | grep -v '^torch=='; } | \
+	uv pip compile pyproject.toml --extra dev -c - \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-header \
+	  -o requirements-cuda.lock
 
 clean:
 	rm -rf $(VENV) mlflow.db mlartifacts .flyscale

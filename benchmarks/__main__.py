@@ -5,6 +5,7 @@ from benchmarks import (
     bench_checkpoint,
     bench_dataloader,
     bench_ddp,
+    bench_overhead,
     bench_quantize,
     bench_streaming,
     bench_trainer,
@@ -12,7 +13,7 @@ from benchmarks import (
 )
 
 if __name__ == "__main__":
-    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_quantize,
-                  bench_checkpoint):
+    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_overhead,
+                  bench_quantize, bench_checkpoint):
         bench.main()
         print()

@@ -129,6 +129,9 @@ def process_group(timeout_s: float = 300.0) -> Iterator[DistContext]:
         if ctx.device.type == "cuda":
             torch.cuda.set_device(ctx.device)
         dist.init_process_group(backend_for(ctx.device), timeout=timedelta(seconds=timeout_s), **_round_store(timeout_s))
+        threads = _env_int("OMP_NUM_THREADS", 0)
+        if threads:  # a forked worker still has its parent's thread count; a spawned one read this at import
+            torch.set_num_threads(threads)
     configure_logging(ctx)
     try:
         yield ctx

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from flytekit import Resources
 from flytekit.core.task import TaskPlugins
 from flytekitplugins.kfpytorch import Elastic, Master, PyTorch, Worker
 from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
+
+from tasks import exit_codes
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +72,23 @@ def importable_by_workers(fn) -> Iterator[None]:
 
 class LocalSafeElasticTask(PytorchElasticFunctionTask):
     def execute(self, **kwargs):
-        with importable_by_workers(self.task_function), transient_faults_retryable():
-            if self.min_nodes > 1 and not in_pytorchjob():
-                log.warning(
-                    "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
-                    self.task_config.nnodes, self.task_config.nproc_per_node,
-                )
-                return self._single_node_twin.execute(**kwargs)
-            return super().execute(**kwargs)
+        try:
+            with importable_by_workers(self.task_function), transient_faults_retryable():
+                if self.min_nodes > 1 and not in_pytorchjob():
+                    log.warning(
+                        "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
+                        self.task_config.nnodes, self.task_config.nproc_per_node,
+                    )
+                    return self._single_node_twin.execute(**kwargs)
+                return super().execute(**kwargs)
+        except Exception as exc:
+            exit_codes.record(exc)  # for the pod's exit code (PyTorchJob's ExitCode restart policy)
+            raise
+
+    def get_default_command(self, settings) -> list[str]:
+        """flytekit's command, under tasks.exit_codes: the pod exits 1 for a permanent failure
+        and 143 for a retryable one, where pyflyte-execute alone always exits 0."""
+        return ["python", "-m", "tasks.exit_codes", *super().get_default_command(settings)]
 
     @functools.cached_property
     def _single_node_twin(self) -> PytorchElasticFunctionTask:
@@ -152,6 +164,21 @@ def training_retries() -> int:
     return retries
 
 
+def worker_start_method() -> str:
+    """How torch-elastic starts the workers: `fork` with a CPU build of torch, `spawn` with a CUDA one.
+
+    A spawned worker imports torch, flytekit and the task's module again (about 5 s on 2 cores,
+    most of a small local run's training task); a forked one starts with them imported. CUDA
+    cannot be used in a child forked after its parent touched CUDA, and the parent's process
+    (`pyflyte run` runs every task in one) may have, so a CUDA build keeps `spawn`. A forked
+    worker inherits its parent's intra-op thread count: `distributed.process_group` applies the
+    launcher's OMP_NUM_THREADS, as a spawned worker's torch would at import.
+    """
+    import torch
+
+    return "spawn" if torch.version.cuda or "fork" not in multiprocessing.get_all_start_methods() else "fork"
+
+
 def training_launcher() -> LocalSafeElastic | PyTorch:
     """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
     launcher = _setting("FLYSCALE_LAUNCHER")
@@ -177,6 +204,7 @@ def training_launcher() -> LocalSafeElastic | PyTorch:
     timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(
         nnodes=nnodes, nproc_per_node=nproc, rdzv_configs=timeouts, max_restarts=restarts,
+        start_method=worker_start_method(),
         monitor_interval=0.1,  # how often the agent looks at its workers (a float to torch; never serialised)
         increase_shared_mem=False,  # the task asks for shared memory itself (@task(shared_memory=True))
     )

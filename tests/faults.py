@@ -132,17 +132,19 @@ class FaultProxy:
         self._server.server_close()
 
 
-def spawned_workers(parent: int) -> list[int]:
-    """The pids of the worker processes that `parent` spawned (torch-elastic's workers under
-    `pyflyte run`), oldest first: local rank 0 is started first. Read from /proc."""
+def training_workers(parent: int) -> list[int]:
+    """The pids of torch-elastic's worker processes under `pyflyte run` (pid `parent`), oldest
+    first: local rank 0 is started first. Read from /proc. A forked worker has its parent's
+    command line; a spawned one runs multiprocessing's `spawn_main`."""
+    own = (Path("/proc") / str(parent) / "cmdline").read_bytes()
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != parent:  # the field after the state: ppid
                 continue
-            cmdline = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        if "spawn_main" in cmdline:
+        if cmdline == own or b"spawn_main" in cmdline:
             found.append(int(stat.parent.name))
     return sorted(found)

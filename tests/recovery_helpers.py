@@ -1,12 +1,14 @@
 """Training runs for the recovery tests to kill, stop and resume: real worker processes under
-torch-elastic's own launcher (what flytekit's Elastic task runs), real gloo, real signals.
+torch-elastic's own launcher, starting workers as flytekit's Elastic task does, real gloo, real signals.
 
     python -m tests.recovery_helpers OUT STRATEGY NPROC MAX_RESTARTS EVERY_STEPS EPOCHS [DEST [PREV]]
 
 trains digits with STRATEGY on NPROC workers, checkpointing every EVERY_STEPS steps under
 OUT/ckpt. With DEST (and PREV) every worker runs inside flytekit's task setup with that
 checkpoint destination (and previous attempt's checkpoint): Flyte's checkpoint API as an attempt
-on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s). Rank 0 writes OUT/weights.pt and OUT/history.json; every worker writes its
+on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s);
+FLYSCALE_TEST_SEED the seed (default 3); FLYSCALE_TEST_CKPT_BASE and FLYSCALE_TEST_STARTED_AT
+put the checkpoints under a shared base, in the run's own directory. Rank 0 writes OUT/weights.pt and OUT/history.json; every worker writes its
 pid to OUT/pids/rank<R>-restart<N> so a test knows whom to kill.
 """
 
@@ -35,7 +37,7 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
     import contextlib
 
     from flyscale import training
-    from flyscale.checkpoint import Checkpointer
+    from flyscale.checkpoint import Checkpointer, run_directory
     from flyscale.config import TrainConfig
     from flyscale.distributed import process_group
     from flyscale_plugins.datasets import digits
@@ -55,12 +57,17 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
         pids = root / "pids"
         pids.mkdir(exist_ok=True)
         (pids / f"rank{ctx.rank}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}").write_text(str(os.getpid()))
-        torch.manual_seed(0)
+        seed = int(os.environ.get("FLYSCALE_TEST_SEED", "3"))
+        torch.manual_seed(seed - 3)
         # Dropout draws from the RNG every step: an exact resume must put the RNG back too.
         model = MLP().build(MLPOptions(hidden=[64, 32], dropout=0.2), digits.info(None))
-        cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=16, lr=2e-3, seed=3, warmup_epochs=0.5)
+        cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=16, lr=2e-3, seed=seed, warmup_epochs=0.5)
         fn, options = (ddp, DDPOptions()) if strategy == "ddp" else (pipeline, PipelineOptions(microbatches=2))
-        checkpointer = Checkpointer(root / "ckpt", every_steps=every, keep=2,
+        # FLYSCALE_TEST_CKPT_BASE: the run's directory under a base shared by several runs, keyed as
+        # the training task keys it (the execution, and when it started: FLYSCALE_TEST_STARTED_AT).
+        shared = os.environ.get("FLYSCALE_TEST_CKPT_BASE")
+        ckpt_root = run_directory(shared, "local", float(os.environ["FLYSCALE_TEST_STARTED_AT"])) if shared else root / "ckpt"
+        checkpointer = Checkpointer(ckpt_root, every_steps=every, keep=2,
                                     mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None)
         with training.checkpointing(checkpointer):
             result = fn(model, _data(), cfg, ctx, options)
@@ -77,10 +84,14 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
 def main(argv: list[str]) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    import flyscale_plugins.strategies.pipeline  # noqa: F401  imported once, before the workers fork
+    import tasks.recovery  # noqa: F401
+    from tasks.elastic import worker_start_method
+
     out, strategy, nproc, restarts, every, epochs, *rest = argv
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=int(nproc), run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method="spawn",
+        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method=worker_start_method(),
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     elastic_launch(config, train)(out, strategy, int(every), int(epochs), *rest)

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from flyscale import champion
 from tests.conftest import BIN, REPO, free_port, run_pipeline
-from tests.faults import FaultProxy, after, fail_registry, fail_writes, spawned_workers
+from tests.faults import FaultProxy, after, fail_registry, fail_writes, training_workers
 
 QUICK = {"augment": {"copies": 0}, "train": {"epochs": 4, "batch_size": 64}}
 
@@ -78,7 +78,7 @@ def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, ml
             while not list(checkpoints.glob("run-*/step-*[0-9]")):
                 assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
                 time.sleep(0.005)
-            workers = spawned_workers(proc.pid)
+            workers = training_workers(proc.pid)
             assert len(workers) == 2, workers
             os.kill(workers[1], signal.SIGKILL)  # local rank 1
             proc.wait(500)

@@ -133,6 +133,33 @@ def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, 
     assert 1 <= len(list(second_dest.glob(f"step-*/{MANIFEST}"))) <= 2
 
 
+@pytest.mark.timeout(600)
+def test_two_concurrent_runs_keep_their_checkpoints_apart(tmp_path, uninterrupted):
+    """Two runs of the same execution name (`pyflyte run` calls every local one "local") started
+    a moment apart, with another seed each, checkpointing under one base directory: each is
+    killed and resumes from its own checkpoints, never the other's."""
+    ref_out, _ = uninterrupted("ddp")
+    base, now = tmp_path / "shared", time.time()
+    runs = []
+    for name, seed, started_at in (("a", 3, now), ("b", 5, now + 0.001)):
+        env = {"FLYSCALE_TEST_CKPT_BASE": str(base), "FLYSCALE_TEST_STARTED_AT": repr(started_at),
+               "FLYSCALE_TEST_SEED": str(seed)}
+        out = tmp_path / name
+        runs.append((out, _launch(out, "ddp", 1, env=env), run_directory(str(base), "local", started_at)))
+    assert runs[0][2] != runs[1][2]
+    for out, proc, own in runs:
+        _wait_for(lambda: _newest_step(own) >= 2 * EVERY, proc, out)
+        os.kill(int((out / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+    histories = [_finish(proc, out) for out, proc, _ in runs]
+    for (out, _, own), history in zip(runs, histories):
+        assert history["resumed_from_step"] >= 2 * EVERY and history["resumed_from"].startswith(str(own)), history
+        assert history["steps_run"] < history["steps"]  # it resumed rather than started over
+    assert sorted(p.name for p in base.iterdir()) == sorted(own.name for _, _, own in runs)
+    _same_weights(runs[0][0] / "weights.pt", ref_out / "weights.pt")  # run a is exactly the reference
+    with pytest.raises(AssertionError):  # and run b, with its own seed, ended elsewhere
+        _same_weights(runs[1][0] / "weights.pt", ref_out / "weights.pt")
+
+
 @pytest.mark.timeout(300)
 def test_a_stopped_worker_fails_the_run_naming_it_instead_of_hanging(tmp_path):
     proc = _launch(tmp_path, "ddp", 0, env={"FLYSCALE_TEST_TIMEOUT_S": "5"})

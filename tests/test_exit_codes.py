@@ -1,0 +1,75 @@
+"""The training pod's exit code follows the PyTorchJob convention (restartPolicy: ExitCode):
+permanent failures exit 1-127, retryable ones 128-255. Real processes: the training task's own
+container command (`python -m tasks.exit_codes pyflyte-execute ...`, as `pyflyte package` writes
+it) wraps a task under flytekit's Elastic launcher whose worker fails, is killed, or succeeds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tasks import exit_codes
+from tests.conftest import REPO
+
+# A training-shaped task: torch-elastic workers under our launcher, failing as told.
+TASK = textwrap.dedent("""
+    import os, signal, sys, time
+    from flytekit import task
+    from tasks.elastic import LocalSafeElastic, worker_start_method
+
+    @task(task_config=LocalSafeElastic(nnodes=1, nproc_per_node=2, max_restarts=0, monitor_interval=0.1,
+                                       start_method=worker_start_method()))
+    def train(how: str) -> int:
+        if os.environ["RANK"] == "1":
+            if how == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "bug":
+                raise ValueError("a bug in the training code")
+        if how == "hang":
+            time.sleep(600)
+        return 0
+
+    train(how=sys.argv[1])
+""")
+
+
+def _wrapped(tmp_path, how: str, **popen) -> subprocess.Popen:
+    script = tmp_path / "train_task.py"  # a file: flytekit reads the task's source
+    script.write_text(TASK)
+    return subprocess.Popen([sys.executable, "-m", "tasks.exit_codes", sys.executable, str(script), how], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("how, code", [("ok", 0), ("bug", exit_codes.PERMANENT), ("killed", exit_codes.RETRYABLE)])
+def test_the_wrapper_exits_by_the_pytorchjob_convention(tmp_path, how, code):
+    proc = _wrapped(tmp_path, how)
+    out, _ = proc.communicate(timeout=200)
+    assert proc.returncode == code, out[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_terminated_pod_exits_retryable(tmp_path):
+    """The kubelet's SIGTERM (a preempted node) reaches the task, and the pod exits 128 + 15."""
+    proc = _wrapped(tmp_path, "hang", start_new_session=True)
+    time.sleep(8)  # the workers are up and sleeping
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+
+
+def test_the_serialised_training_task_runs_under_the_wrapper():
+    from flytekit.configuration import ImageConfig, SerializationSettings
+
+    from tasks.train import train_model
+
+    settings = SerializationSettings(image_config=ImageConfig.auto(img_name="ghcr.io/acme/flyscale@sha256:" + "0" * 64))
+    command = train_model.get_default_command(settings)
+    assert command[:4] == ["python", "-m", "tasks.exit_codes", "pyflyte-execute"], command
