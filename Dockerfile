@@ -83,6 +83,8 @@ COPY --chown=1000:1000 flyscale ./flyscale
 COPY --chown=1000:1000 plugins ./plugins
 COPY --chown=1000:1000 tasks ./tasks
 COPY --chown=1000:1000 workflows ./workflows
+# The registration-time files: cluster resources, the nightly run's inputs, the presets.
+COPY --chown=1000:1000 configs ./configs
 # Dependencies are already pinned above: --no-deps keeps pip from re-resolving, and
 # --no-build-isolation builds with the lock's setuptools instead of fetching another.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \

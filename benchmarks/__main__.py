@@ -3,6 +3,8 @@
 from benchmarks import (
     bench_cache,
     bench_checkpoint,
+    bench_compute,
+    bench_data_parallel,
     bench_dataloader,
     bench_ddp,
     bench_overhead,
@@ -13,7 +15,7 @@ from benchmarks import (
 )
 
 if __name__ == "__main__":
-    for bench in (bench_trainer, bench_ddp, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_overhead,
+    for bench in (bench_trainer, bench_compute, bench_ddp, bench_data_parallel, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_overhead,
                   bench_quantize, bench_checkpoint):
         bench.main()
         print()

@@ -34,6 +34,9 @@ CNN = ModelConfig(name="cnn", options={"channels": [16, 32], "hidden": 128})
 CASES = [
     ("mlp (default)", ModelConfig(), ["dynamic_int8", "static_int8"], "dynamic_int8"),
     ("cnn (digits-cnn preset)", CNN, ["static_int8", "dynamic_int8"], "static_int8"),
+    # Where int8 pays on these CPUs: layers wide enough that arithmetic, not per-call overhead, dominates.
+    ("wide mlp (hidden 1024 x 2)", ModelConfig(options={"hidden": [1024, 1024]}), ["dynamic_int8", "static_int8"],
+     "dynamic_int8"),
 ]
 
 

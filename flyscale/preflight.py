@@ -26,6 +26,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -59,6 +61,11 @@ class PreflightReport:
     losses_worldN: list[float] = field(default_factory=list)  # the same steps on the worker group
     val_losses_world1: list[float] = field(default_factory=list)  # loss after each step
     val_losses_worldN: list[float] = field(default_factory=list)
+    # Throughput of the same steps: one process with every thread of the node's workers, and the group.
+    samples_per_s_world1: float = 0.0
+    samples_per_s_worldN: float = 0.0
+    grad_comm_fraction: float = 0.0  # of the group's steps, with gradient all-reduces in flight
+    slower_with_workers: str = ""  # the warning, when the worker group trained slower than one process
 
     @classmethod
     def skipped(cls) -> PreflightReport:
@@ -125,7 +132,31 @@ def compare(reference: TrainHistory, worker_group: TrainHistory, rtol: float, st
     pairs = zip(report.losses_world1 + report.val_losses_world1, report.losses_worldN + report.val_losses_worldN)
     report.max_rel_diff = max(rel_diff(a, b) for a, b in pairs)
     report.passed = report.max_rel_diff <= rtol
+    report.samples_per_s_world1, report.samples_per_s_worldN = _rate(reference), _rate(worker_group)
+    report.grad_comm_fraction = statistics.median(m.grad_comm_fraction for m in worker_group.epochs)
     return report
+
+
+def _rate(history: TrainHistory) -> float:
+    """Median global samples/s of the steps after the first (which warms caches and allocators)."""
+    epochs = history.epochs[1:] or history.epochs
+    return statistics.median(m.samples_per_s for m in epochs)
+
+
+def slower_with_workers(report: PreflightReport, cfg: TrainConfig) -> str:
+    """Say so, with the numbers and the knobs, when the worker group trains slower than one
+    process given the same cores; "" otherwise."""
+    one, group = report.samples_per_s_world1, report.samples_per_s_worldN
+    if report.world_size < 2 or one <= 0 or group >= one:
+        return ""
+    return (
+        f"data parallelism makes this run slower: {report.world_size} workers train {group:,.0f} samples/s against "
+        f"{one:,.0f} for one process with the same cores ({group / one:.2f}x), measured over the preflight's "
+        f"{report.steps} steps. Likely communication-bound at this model size and batch (gradient all-reduces in flight "
+        f"{report.grad_comm_fraction:.0%} of each step). Knobs: a larger batch per worker (train.batch_size, now "
+        f"{cfg.batch_size}), fewer workers (FLYSCALE_NPROC_PER_NODE), or larger gradient buckets "
+        f"(train.options.bucket_cap_mb)."
+    )
 
 
 def check(report: PreflightReport) -> PreflightReport:
@@ -141,6 +172,8 @@ def check(report: PreflightReport) -> PreflightReport:
         "preflight passed: %d steps of %s, world size 1 vs %d, max relative difference %.2e (rtol %.0e)\n%s",
         report.steps, report.strategy, report.world_size, report.max_rel_diff, report.rtol, report.table(),
     )
+    if report.slower_with_workers:
+        log.warning("%s", report.slower_with_workers)
     return report
 
 
@@ -187,5 +220,21 @@ def run_preflight(
             return None
         torch.manual_seed(cfg.seed)
         ref_cfg = dataclasses.replace(cfg, batch_size=rows)  # one process takes the whole global batch
-        reference = single_process(without_dropout(build_model()), data, ref_cfg, ctx.device)
-    return check(compare(reference, worker_group, pcfg.rtol, cfg.strategy))
+        with node_threads(ctx):  # the other workers are done: one process gets all their cores
+            reference = single_process(without_dropout(build_model()), data, ref_cfg, ctx.device)
+    report = compare(reference, worker_group, pcfg.rtol, cfg.strategy)
+    report.slower_with_workers = slower_with_workers(report, cfg)
+    return check(report)
+
+
+@contextlib.contextmanager
+def node_threads(ctx: DistContext) -> Iterator[None]:
+    """This process runs with the threads of every worker on its node (CPU), then as it was."""
+    before = torch.get_num_threads()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(min(os.cpu_count() or before, before * max(local, 1)))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -65,6 +65,8 @@ class RunSummary:
                 f"  preflight   PASSED: {p.steps} steps at world size 1 vs {p.world_size}, "
                 f"max relative loss difference {p.max_rel_diff:.1e} (tolerance {p.rtol:.0e})"
             )
+            if p.slower_with_workers:
+                lines.append(f"  warning     {p.slower_with_workers}")
         if self.comparison is not None:
             lines += [f"  latency     {line}" for line in self.comparison.lines()]
         for g in self.verdicts:

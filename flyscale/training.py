@@ -407,9 +407,13 @@ def fit(
             set_epoch(loader, epoch)
             model.train()
             resume_here = position if epoch == position.epoch else None
+            # Without a checkpointer no per-step hook runs (one call a step on the hot path).
             loss_sum, correct, count, wait, seconds, first_bad = _train_epoch(
-                step, loader, ctx, bar, resume_here, after_step, ckpt.restore_rng if ckpt is not None else None,
+                step, loader, ctx, bar, resume_here, after_step if ckpt is not None else None,
+                ckpt.restore_rng if ckpt is not None else None,
             )
+            if ckpt is None:
+                done[0] += steps_per_epoch - (resume_here.batch if resume_here is not None else 0)
             v_loss, v_correct, v_count = evaluate()
             comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
             grad_comm, comm_before = comm_now - comm_before, comm_now

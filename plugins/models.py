@@ -11,16 +11,54 @@ from torch import nn
 from flyscale.api import DatasetInfo
 
 
+def _scaled_widths(widths: list[int], multiplier: float, name: str) -> list[int]:
+    """Each width times `multiplier`, rounded half up; a width that rounds to 0 is an error."""
+    out = [math.floor(w * multiplier + 0.5) for w in widths]
+    if any(w < 1 for w in out):
+        raise ValueError(f"width_multiplier {multiplier:g} leaves a layer of {name} {widths} with no units "
+                         f"({out}); use a multiplier of at least {0.5 / min(widths):.3g}")
+    return out
+
+
+def _scaled_depth(layers: list[int], multiplier: float, name: str) -> list[int]:
+    """`layers` resampled to round(len x multiplier) layers, keeping their order of widths: the
+    first layers' widths repeat when deeper ([256, 128] x2 -> [256, 256, 128, 128]), the later
+    ones go first when shallower ([256, 128] x0.5 -> [256])."""
+    count = math.floor(len(layers) * multiplier + 0.5)
+    if count < 1:
+        raise ValueError(f"depth_multiplier {multiplier:g} leaves none of the {len(layers)} layers of {name} "
+                         f"{layers}; use a multiplier of at least {0.5 / len(layers):.3g}")
+    return [layers[i * len(layers) // count] for i in range(count)]
+
+
+def _check_multipliers(options) -> None:
+    for name in ("width_multiplier", "depth_multiplier"):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0 (1 = the sizes as given), got {value!r}")
+
+
 @dataclass
 class MLPOptions:
     hidden: list[int] = field(default_factory=lambda: [256, 128])
     dropout: float = 0.1
+    # Model size as one number each, for scaling studies: every hidden width times width_multiplier,
+    # and round(len(hidden) x depth_multiplier) hidden layers. 1 builds `hidden` exactly.
+    width_multiplier: float = 1.0
+    depth_multiplier: float = 1.0
 
     def __post_init__(self):
         if not self.hidden or any(h <= 0 for h in self.hidden):
             raise ValueError(f"hidden must be a non-empty list of positive sizes, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_multipliers(self)
+        self.layers()  # a multiplier that leaves a layer empty fails here, before any work
+
+    def layers(self) -> list[int]:
+        """The hidden widths the multipliers give."""
+        return _scaled_widths(_scaled_depth(self.hidden, self.depth_multiplier, "hidden"), self.width_multiplier,
+                              "hidden")
 
 
 class MLP:
@@ -31,7 +69,7 @@ class MLP:
     def build(self, options: MLPOptions, info: DatasetInfo) -> nn.Sequential:
         layers: list[nn.Module] = []
         width = math.prod(info.input_shape)
-        for h in options.hidden:
+        for h in options.layers():
             layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(options.dropout)]
             width = h
         layers.append(nn.Linear(width, info.num_classes))
@@ -43,6 +81,10 @@ class CNNOptions:
     channels: list[int] = field(default_factory=lambda: [32, 64])
     hidden: int = 128
     dropout: float = 0.1
+    # As for the MLP: every channel count and the hidden width times width_multiplier, and
+    # round(len(channels) x depth_multiplier) convolutions. 1 builds the sizes as given.
+    width_multiplier: float = 1.0
+    depth_multiplier: float = 1.0
 
     def __post_init__(self):
         if not self.channels or any(c <= 0 for c in self.channels):
@@ -51,6 +93,14 @@ class CNNOptions:
             raise ValueError(f"hidden must be > 0, got {self.hidden}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_multipliers(self)
+        self.sizes()  # a multiplier that leaves a layer empty fails here, before any work
+
+    def sizes(self) -> tuple[list[int], int]:
+        """(channels, hidden) as the multipliers give them."""
+        channels = _scaled_widths(_scaled_depth(self.channels, self.depth_multiplier, "channels"),
+                                  self.width_multiplier, "channels")
+        return channels, _scaled_widths([self.hidden], self.width_multiplier, "hidden")[0]
 
 
 class CNN:
@@ -62,16 +112,17 @@ class CNN:
         if len(info.input_shape) != 3:
             raise ValueError(f"model 'cnn' needs image inputs (C, H, W); dataset {info.name!r} has {info.input_shape}")
         c, h, w = info.input_shape
+        channels, hidden = options.sizes()
         layers: list[nn.Module] = [nn.Unflatten(1, (c, h, w))]
-        for out in options.channels:
+        for out in channels:
             layers += [nn.Conv2d(c, out, kernel_size=3, padding=1), nn.ReLU()]
             c = out
         layers += [
             nn.Flatten(),
-            nn.Linear(c * h * w, options.hidden),
+            nn.Linear(c * h * w, hidden),
             nn.ReLU(),
             nn.Dropout(options.dropout),
-            nn.Linear(options.hidden, info.num_classes),
+            nn.Linear(hidden, info.num_classes),
         ]
         return nn.Sequential(*layers)
 

@@ -21,7 +21,7 @@ from flyscale.provenance import TaskRun, execution_key
 from flyscale.schemas import LabeledFrame
 from flyscale.shards import Shards
 from flyscale.validation import Profile, Reference, ValidationReport
-from tasks.common import DECKS, IMAGE, SMALL
+from tasks.common import DECKS, SMALL, TASK
 
 Fingerprinted = NamedTuple(
     "Fingerprinted", [("fingerprint", DataFingerprint), ("streaming", bool), ("run", TaskRun)]
@@ -53,7 +53,7 @@ Streamed = NamedTuple(
 
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
 # under the same path. Its stamp is also when this execution started.
-@task(cache=False, container_image=IMAGE, requests=SMALL)
+@task(cache=False, **TASK, requests=SMALL)
 def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
     """The identity of the configured data as it is now (see the dataset's fingerprint())."""
     run = TaskRun.start("fingerprint_data", execution=execution_key())
@@ -61,7 +61,7 @@ def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
     return Fingerprinted(fingerprint=data.fingerprint(cfg), streaming=streaming, run=run.done())
 
 
-@task(cache=code_cache("datasets"), container_image=IMAGE, requests=SMALL)
+@task(cache=code_cache("datasets"), **TASK, requests=SMALL)
 def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
     """Load the configured dataset as it is, before any checks (keyed on the source's fingerprint),
     and the fingerprint of what was loaded (its content), which later stages record."""
@@ -71,13 +71,13 @@ def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
 
 
 # Never cached: it reads the champion as it is now (or a reference file), like the gate.
-@task(cache=False, container_image=IMAGE, requests=SMALL)
+@task(cache=False, **TASK, requests=SMALL)
 def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprint) -> Reference:
     """The reference the data is validated against: the champion's pinned schema and data profile."""
     return tracking.read_reference(store, cfg.reference, content.value)
 
 
-@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
+@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), **TASK, requests=SMALL,
       enable_deck=True, deck_fields=DECKS)
 def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, reference: Reference) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
@@ -89,7 +89,7 @@ def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, referen
     return Validated(clean, shards.write(bad, "quarantine"), report, pinned, profile, FlyteDirectory(files), run.done())
 
 
-@task(cache=code_cache(), container_image=IMAGE, requests=SMALL)
+@task(cache=code_cache(), **TASK, requests=SMALL)
 def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
     """Stratified, seeded train/validation/test split."""
     run = TaskRun.start("split_data")
@@ -97,14 +97,14 @@ def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
     return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"), run=run.done())
 
 
-@task(cache=code_cache("augmentations"), container_image=IMAGE, requests=SMALL)
+@task(cache=code_cache("augmentations"), **TASK, requests=SMALL)
 def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: AugmentConfig) -> Augmented:
     """Add augmented copies of the training rows (validation and test stay untouched)."""
     run = TaskRun.start("augment_data")
     return Augmented(train=shards.write(data.augment(train, info, cfg), "train"), run=run.done())
 
 
-@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), container_image=IMAGE, requests=SMALL,
+@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), **TASK, requests=SMALL,
       enable_deck=True, deck_fields=DECKS)
 def prepare_stream(cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference) -> Streamed:
     """For data larger than memory: validate it chunk by chunk, and write the quarantine and the

@@ -8,8 +8,8 @@ worker processes on this machine. On a cluster the same task becomes a Kubeflow 
 `FLYSCALE_MAX_RESTARTS` (default 1) is how often torch-elastic restarts the worker group after a
 worker dies; the group resumes from the run's last checkpoint. With `FLYSCALE_LAUNCHER=pytorch`,
 the task is a classic PyTorchJob of one master and `FLYSCALE_NNODES - 1` worker pods (one process
-each) with per-replica resources (`FLYSCALE_REPLICA_CPU`, `FLYSCALE_REPLICA_MEM`,
-`FLYSCALE_REPLICA_GPU`). Run locally, that launcher trains in one process.
+each), each asking for one worker process's resources (configs/cluster/resources.yaml). Run
+locally, that launcher trains in one process.
 
 A multi-node setting run locally would wait for peers that never come (the rendezvous times out
 after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so. It extends
@@ -29,12 +29,11 @@ import sys
 from dataclasses import dataclass
 from typing import Iterator
 
-from flytekit import Resources
 from flytekit.core.task import TaskPlugins
 from flytekitplugins.kfpytorch import Elastic, Master, PyTorch, Worker
-from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
+from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask, PyTorchFunctionTask
 
-from tasks import exit_codes
+from tasks import exit_codes, resources
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +85,31 @@ class LocalSafeElasticTask(PytorchElasticFunctionTask):
             raise
 
     def get_default_command(self, settings) -> list[str]:
-        """flytekit's command, under tasks.exit_codes: the pod exits 1 for a permanent failure
-        and 143 for a retryable one, where pyflyte-execute alone always exits 0."""
-        return ["python", "-m", "tasks.exit_codes", *super().get_default_command(settings)]
+        return exit_codes.wrapped(super().get_default_command(settings))
 
     @functools.cached_property
     def _single_node_twin(self) -> PytorchElasticFunctionTask:
         """The same function under flytekit's own Elastic plugin, on one node."""
         config = Elastic(**{f.name: getattr(self.task_config, f.name) for f in dataclasses.fields(Elastic)})
         return PytorchElasticFunctionTask(task_config=dataclasses.replace(config, nnodes=1), task_function=self.task_function)
+
+
+@dataclass
+class ClassicPyTorch(PyTorch):
+    """flytekit's `PyTorch` (a PyTorchJob of one master and worker pods), whose pods exit by the
+    ExitCode convention too."""
+
+
+class ClassicPyTorchTask(PyTorchFunctionTask):
+    def execute(self, **kwargs):
+        try:
+            return super().execute(**kwargs)
+        except Exception as exc:
+            exit_codes.record(exc)
+            raise
+
+    def get_default_command(self, settings) -> list[str]:
+        return exit_codes.wrapped(super().get_default_command(settings))
 
 
 @contextlib.contextmanager
@@ -129,13 +144,15 @@ def transient_faults_retryable() -> Iterator[None]:
 
 
 TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)
+TaskPlugins.register_pythontask_plugin(ClassicPyTorch, ClassicPyTorchTask)
 
 
-def _replica_resources() -> Resources:
-    gpu = os.environ.get("FLYSCALE_REPLICA_GPU")
-    return Resources(
-        cpu=os.environ.get("FLYSCALE_REPLICA_CPU", "2"), mem=os.environ.get("FLYSCALE_REPLICA_MEM", "4Gi"), gpu=gpu or None
-    )
+def training_resources() -> dict:
+    """The training tasks' requests, limits, accelerator and shared memory, from the cluster
+    resources file: a worker process's share times the processes per node (a classic
+    PyTorchJob's pods run one process each)."""
+    processes = 1 if _setting("FLYSCALE_LAUNCHER") == "pytorch" else int(_setting("FLYSCALE_NPROC_PER_NODE"))
+    return resources.CLUSTER.training.task_kwargs(processes)
 
 
 # The launcher's settings and their defaults: elastic, 1 node, 2 worker processes, and one restart
@@ -155,6 +172,13 @@ def launcher_facts() -> str:
     return ":".join(f"{name}={_setting(name)}" for name in LAUNCHER_SETTINGS if name != "FLYSCALE_MAX_RESTARTS")
 
 
+def launcher_environment() -> dict[str, str]:
+    """The launcher's settings as registered, for the training tasks' environment: a pod imports
+    the task module again, and must build the same launcher (nodes, processes, restarts) that was
+    registered, not the defaults."""
+    return {name: _setting(name) for name in LAUNCHER_SETTINGS}
+
+
 def training_retries() -> int:
     """How often Flyte retries the training task after a retryable failure (FLYSCALE_TRAIN_RETRIES,
     default 2); each retry resumes from the checkpoint the failed attempt saved."""
@@ -164,22 +188,27 @@ def training_retries() -> int:
     return retries
 
 
-def worker_start_method() -> str:
-    """How torch-elastic starts the workers: `fork` with a CPU build of torch, `spawn` with a CUDA one.
+def worker_start_method(nproc_per_node: int) -> str:
+    """How torch-elastic starts the workers: `fork` where that is safe, `spawn` otherwise.
 
     A spawned worker imports torch, flytekit and the task's module again (about 5 s on 2 cores,
-    most of a small local run's training task); a forked one starts with them imported. CUDA
-    cannot be used in a child forked after its parent touched CUDA, and the parent's process
-    (`pyflyte run` runs every task in one) may have, so a CUDA build keeps `spawn`. A forked
-    worker inherits its parent's intra-op thread count: `distributed.process_group` applies the
-    launcher's OMP_NUM_THREADS, as a spawned worker's torch would at import.
+    most of a small local run's training task); a forked one starts with them imported. Forking
+    is safe only for a worker that runs one thread: GNU OpenMP's thread team does not survive a
+    fork, so a child that computes with several threads after its parent did (`pyflyte run`
+    runs every task in one process) hangs. Several workers a node run one thread each
+    (flytekit's Elastic task sets OMP_NUM_THREADS=1 unless you set it; `process_group` applies
+    it to a forked worker, which still has its parent's count). And CUDA cannot be used in a
+    child forked after its parent touched it. So: fork with a CPU build of torch, several
+    workers and one thread each; spawn otherwise.
     """
     import torch
 
-    return "spawn" if torch.version.cuda or "fork" not in multiprocessing.get_all_start_methods() else "fork"
+    one_thread = os.environ.get("OMP_NUM_THREADS", "1") == "1"
+    forkable = "fork" in multiprocessing.get_all_start_methods() and not torch.version.cuda
+    return "fork" if forkable and nproc_per_node > 1 and one_thread else "spawn"
 
 
-def training_launcher() -> LocalSafeElastic | PyTorch:
+def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
     """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
     launcher = _setting("FLYSCALE_LAUNCHER")
     nnodes = int(_setting("FLYSCALE_NNODES"))
@@ -192,10 +221,10 @@ def training_launcher() -> LocalSafeElastic | PyTorch:
     if launcher == "pytorch":
         if nnodes < 2:
             raise ValueError("FLYSCALE_LAUNCHER=pytorch needs FLYSCALE_NNODES >= 2 (one master plus workers)")
-        resources = _replica_resources()
-        return PyTorch(
-            master=Master(requests=resources, limits=resources),
-            worker=Worker(replicas=nnodes - 1, requests=resources, limits=resources),
+        pod = resources.CLUSTER.training.resources(1)  # one process per pod
+        return ClassicPyTorch(
+            master=Master(requests=pod, limits=pod),
+            worker=Worker(replicas=nnodes - 1, requests=pod, limits=pod),
             increase_shared_mem=False,
         )
     if launcher != "elastic":
@@ -204,7 +233,7 @@ def training_launcher() -> LocalSafeElastic | PyTorch:
     timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(
         nnodes=nnodes, nproc_per_node=nproc, rdzv_configs=timeouts, max_restarts=restarts,
-        start_method=worker_start_method(),
+        start_method=worker_start_method(nproc),
         monitor_interval=0.1,  # how often the agent looks at its workers (a float to torch; never serialised)
-        increase_shared_mem=False,  # the task asks for shared memory itself (@task(shared_memory=True))
+        increase_shared_mem=False,  # the task asks for its shared memory itself (training.shared_memory)
     )

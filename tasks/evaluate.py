@@ -17,7 +17,7 @@ from flyscale.evaluation import EvalMetrics, evaluate_batches
 from flyscale.gating import Judgment
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
-from tasks.common import DECKS, IMAGE, SMALL
+from tasks.common import DECKS, SMALL, TASK
 
 Evaluated = NamedTuple("Evaluated", [("metrics", EvalMetrics), ("test_sha256", str), ("run", TaskRun)])
 Quantized = NamedTuple(
@@ -26,7 +26,7 @@ Quantized = NamedTuple(
 Judged = NamedTuple("Judged", [("judgment", Judgment), ("passed", bool)])
 
 
-@task(cache=code_cache("models"), container_image=IMAGE, requests=SMALL)
+@task(cache=code_cache("models"), **TASK, requests=SMALL)
 def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cfg: ModelConfig) -> Evaluated:
     """Accuracy, macro-F1, per-class precision and recall, calibration and the confusion matrix
     of the trained model on the test split, and the fingerprint of that split."""
@@ -38,7 +38,7 @@ def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cf
     return Evaluated(metrics=metrics, test_sha256=shards.content_sha256(test.dir.download()), run=run.done())
 
 
-@task(cache=code_cache("models", "quantizers"), container_image=IMAGE, requests=SMALL, enable_deck=True,
+@task(cache=code_cache("models", "quantizers"), **TASK, requests=SMALL, enable_deck=True,
       deck_fields=DECKS)
 def quantize_model(
     weights: FlyteFile, train: Shards, test: Shards, info: DatasetInfo, model_cfg: ModelConfig, cfg: QuantizeConfig,
@@ -60,7 +60,7 @@ def quantize_model(
 # Never cached: a verdict is only as good as the champion it was judged against, so every run
 # reads the champion afresh (an unchanged champion gives the same judgment, and registration
 # after it stays a cache hit).
-@task(cache=False, container_image=IMAGE, requests=SMALL)
+@task(cache=False, **TASK, requests=SMALL)
 def gate_model(
     fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison, test_sha256: str, cfg: GatesConfig,
     champion_of: MlflowConfig,

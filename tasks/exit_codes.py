@@ -29,6 +29,7 @@ ENV = "FLYSCALE_EXIT_CODE_FILE"
 
 def code_for(exc: BaseException) -> int:
     """The exit code a failure of the task means."""
+    from flytekit.core.base_task import IgnoreOutputs
     from flytekit.exceptions.user import FlyteRecoverableException
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -37,6 +38,8 @@ def code_for(exc: BaseException) -> int:
         if isinstance(seen, SignalException):
             return 128 + int(seen.sigval)
         seen = seen.__cause__ or seen.__context__
+    if isinstance(exc, IgnoreOutputs):  # a pod without global rank 0 finished: only rank 0 writes outputs
+        return SUCCESS
     return RETRYABLE if isinstance(exc, FlyteRecoverableException) else PERMANENT
 
 
@@ -46,6 +49,11 @@ def record(exc: BaseException) -> None:
     if path:
         with open(path, "w") as f:
             f.write(f"{code_for(exc)} {type(exc).__name__}\n")
+
+
+def wrapped(command: list[str]) -> list[str]:
+    """A task's container command (pyflyte-execute ...) under this wrapper."""
+    return ["python", "-m", "tasks.exit_codes", *command]
 
 
 def main(argv: list[str]) -> int:

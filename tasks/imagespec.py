@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 LOCKS = {"cpu": "requirements.lock", "cuda": "requirements-cuda.lock"}
 # What the Dockerfile's runtime stage copies into /root, the working directory and PYTHONPATH.
-PROJECT_FILES = ["pyproject.toml", "README.md", "flyscale", "plugins", "tasks", "workflows"]
+PROJECT_FILES = ["pyproject.toml", "README.md", "flyscale", "plugins", "tasks", "workflows", "configs"]
 # Also copied, so that this module, imported again inside the image, rebuilds the same spec.
 SPEC_INPUTS = ["Dockerfile"]
 # The base image's own interpreter: without it flytekit's builder would install a second Python

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from flytekit import Resources, task
+from flytekit import task
 from flytekit.core.task import TaskPlugins
 
 from flyscale import artifacts, data, distributed, preflight
@@ -15,8 +15,15 @@ from flyscale.contracts import DatasetInfo
 from flyscale.preflight import PreflightReport
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
-from tasks.common import IMAGE
-from tasks.elastic import LocalSafeElastic, LocalSafeElasticTask, launcher_facts, training_launcher
+from tasks.common import TASK
+from tasks.elastic import (
+    LocalSafeElastic,
+    LocalSafeElasticTask,
+    launcher_environment,
+    launcher_facts,
+    training_launcher,
+    training_resources,
+)
 
 Checked = NamedTuple("Checked", [("report", PreflightReport), ("run", TaskRun)])
 
@@ -48,9 +55,9 @@ def _launcher():
 @task(
     task_config=_launcher(),
     cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}),
-    container_image=IMAGE,
-    requests=Resources(cpu="2", mem="4Gi"),
-    shared_memory=True,
+    **TASK,
+    **training_resources(),  # per worker process, times the processes per node
+    environment=launcher_environment(),  # the pod builds the launcher that was registered
 )
 def preflight_check(
     train: Shards,

@@ -26,7 +26,7 @@ from flyscale.shards import Shards
 from flyscale.summary import RunSummary
 from flyscale.training import TrainHistory
 from flyscale.validation import Profile, ValidationReport
-from tasks.common import IMAGE, SMALL
+from tasks.common import SMALL, TASK
 
 Registered = NamedTuple("Registered", [("summary", RunSummary), ("run", TaskRun)])
 
@@ -52,7 +52,7 @@ def _log(publish: bool, name: str, cfg: PipelineConfig, info: DatasetInfo, finge
     return Registered(summary=summary, run=run.done())
 
 
-@task(cache=REGISTER_CACHE, container_image=IMAGE, requests=SMALL)
+@task(cache=REGISTER_CACHE, **TASK, requests=SMALL)
 def register_model(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
@@ -66,7 +66,7 @@ def register_model(
                 started)
 
 
-@task(cache=REGISTER_CACHE, container_image=IMAGE, requests=SMALL)
+@task(cache=REGISTER_CACHE, **TASK, requests=SMALL)
 def record_candidate(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
@@ -80,7 +80,7 @@ def record_candidate(
                 data_runs, started)
 
 
-@task(cache=False, container_image=IMAGE, requests=SMALL)
+@task(cache=False, **TASK, requests=SMALL)
 def summarize(
     summary: RunSummary, runs: list[TaskRun], data_runs: list[TaskRun], register_run: TaskRun, started: TaskRun
 ) -> RunSummary:
@@ -89,7 +89,7 @@ def summarize(
     return summary
 
 
-@task(cache=False, container_image=IMAGE, requests=SMALL)
+@task(cache=False, **TASK, requests=SMALL)
 def close_failed_run(cfg: PipelineConfig, err: Optional[FlyteError] = None) -> None:
     """The workflow's failure handler: the MLflow run this execution left RUNNING ends FAILED,
     with the error beside it. (Flyte runs it with the workflow's inputs when any task fails.)"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-from flytekit import Deck, Resources, task
+from flytekit import Deck, task
 from flytekit.types.file import FlyteFile
 
 from flyscale import artifacts, data, distributed, report, tracking, training
@@ -18,8 +18,8 @@ from flyscale.preflight import PreflightReport
 from flyscale.provenance import TaskRun
 from flyscale.shards import Shards
 from flyscale.training import TrainHistory
-from tasks.common import DECKS, IMAGE
-from tasks.elastic import launcher_facts, training_launcher, training_retries
+from tasks.common import DECKS, TASK
+from tasks.elastic import launcher_environment, launcher_facts, training_launcher, training_resources, training_retries
 from tasks.recovery import FlyteMirror, lost_peers_retryable
 
 Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistory), ("run", TaskRun)])
@@ -32,12 +32,12 @@ Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistor
     # recovers from failures are no part of the model.
     cache=code_cache("models", "strategies", facts={"launcher": launcher_facts},
                      ignored_inputs=("fingerprint", "started", "mlflow_cfg", "recovery")),
-    container_image=IMAGE,
-    requests=Resources(cpu="2", mem="4Gi"),
+    **TASK,
+    **training_resources(),  # per worker process, times the processes per node
+    environment=launcher_environment(),  # the pod builds the launcher that was registered
     # Spot nodes are fine: a preempted attempt is retried and resumes from its last checkpoint.
     interruptible=True,
     retries=training_retries(),
-    shared_memory=True,  # DataLoader workers and gloo exchange tensors through /dev/shm
     enable_deck=True,  # rank 0's "Learning curves" Deck; flytekit's Elastic task ships it to the parent
     deck_fields=DECKS,
 )

@@ -91,14 +91,20 @@ def s3(moto_endpoint, monkeypatch):
     return client, bucket
 
 
-def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`pyflyte run workflows/train.py training_pipeline ARGS` from the repo root, as a user types it.
+PIPELINE = ("workflows/train.py", "training_pipeline")
+NIGHTLY = ("workflows/launch_plans.py", "nightly_retraining")  # its inputs: FLYSCALE_PRODUCTION_CONFIG
+
+
+def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int = 600,
+                 target: tuple[str, str] = PIPELINE) -> subprocess.CompletedProcess:
+    """`pyflyte run workflows/train.py training_pipeline ARGS` (or another file and entity) from
+    the repo root, as a user types it.
 
     HOME isolates flytekit's local cache (~/.flyte/local-cache) per test.
     """
     # COLUMNS: pyflyte boxes a usage error at the terminal's width; wide, a message stays on one line.
     full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", "COLUMNS": "400", **(env or {})}
     return subprocess.run(
-        [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", *args],
+        [str(BIN / "pyflyte"), "run", *target, *args],
         cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
     )

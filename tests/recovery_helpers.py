@@ -91,7 +91,7 @@ def main(argv: list[str]) -> None:
     out, strategy, nproc, restarts, every, epochs, *rest = argv
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=int(nproc), run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method=worker_start_method(),
+        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method=worker_start_method(int(nproc)),
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     elastic_launch(config, train)(out, strategy, int(every), int(epochs), *rest)

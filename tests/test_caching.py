@@ -19,9 +19,17 @@ from tests.conftest import REPO
 TASKS = ["load_data", "validate_data", "split_data", "augment_data", "prepare_stream", "preflight_check",
          "train_model", "evaluate_model", "quantize_model", "register_model", "record_candidate"]
 VERSIONS = """
-import json
+import contextlib, json, os
+from flytekit import FlyteContextManager
+from flytekit.configuration import ImageConfig, SerializationSettings
 from tests.flyte_graph import workflow_tasks
-from workflows.train import training_pipeline
+# REGISTER_IMAGE: loaded as `pyflyte register --image` loads the workflow (under serialisation settings)
+image = os.environ.get("REGISTER_IMAGE")
+ctx = FlyteContextManager.current_context()
+loading = FlyteContextManager.with_context(ctx.with_serialization_settings(SerializationSettings(
+    image_config=ImageConfig.auto(img_name=image)))) if image else contextlib.nullcontext()
+with loading:
+    from workflows.train import training_pipeline
 print(json.dumps({name: t.metadata.cache_version for name, t in workflow_tasks(training_pipeline).items()
                   if t.metadata.cache}))
 """
@@ -108,7 +116,7 @@ def scenarios(tmp_path_factory) -> dict[str, dict[str, str]]:
     cases = {
         "baseline": {}, "again": {},
         "one_worker": {"env": {"FLYSCALE_NPROC_PER_NODE": "1"}},
-        "image": {"env": {"FLYSCALE_IMAGE": "ghcr.io/acme/flyscale@sha256:" + "1" * 64}},
+        "image": {"env": {"REGISTER_IMAGE": "ghcr.io/acme/flyscale@sha256:" + "1" * 64}},
         "torch": {"env": {"PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO}"}},
         "store": {"env": {"MLFLOW_TRACKING_URI": "http://mlflow.elsewhere:5000"}},
         "edited_plugin": {"cwd": edited},

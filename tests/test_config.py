@@ -30,6 +30,10 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 def test_every_preset_loads_and_validates(preset):
     raw = yaml.safe_load(preset.read_text())
+    if "scaling" in raw:  # a scaling study's preset: a pipeline preset plus its sweep
+        from flyscale.scaling import ScalingConfig
+
+        ScalingConfig(**raw.pop("scaling"))
     cfg = from_dict(raw)
     for section, values in raw.items():
         if section == "gate":  # a list of gates

@@ -30,16 +30,33 @@ def _train_task_custom(monkeypatch, **env):
 
 
 def test_pytorchjob_launcher_has_master_workers_and_resources(monkeypatch):
-    t, custom = _train_task_custom(
-        monkeypatch, FLYSCALE_LAUNCHER="pytorch", FLYSCALE_NNODES="4", FLYSCALE_REPLICA_CPU="8", FLYSCALE_REPLICA_MEM="32Gi",
-        FLYSCALE_REPLICA_GPU="1",
-    )
+    from tasks import resources
+
+    cluster = resources.ClusterResources.from_dict(
+        {"training": {"cpu_per_process": "8", "mem_per_process": "32Gi", "gpu_per_process": 1}}, "a test's cluster file")
+    monkeypatch.setattr(resources, "CLUSTER", cluster)  # one process per pod: each asks for one process's share
+    t, custom = _train_task_custom(monkeypatch, FLYSCALE_LAUNCHER="pytorch", FLYSCALE_NNODES="4")
     assert t.task_type == "pytorch"
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["masterReplicas"]["replicas"] == 1
     for replica in ("workerReplicas", "masterReplicas"):
         requests = {r["name"]: r["value"] for r in custom[replica]["resources"]["requests"]}
         assert requests == {"CPU": "8", "MEMORY": "32Gi", "GPU": "1"}
+
+
+def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):
+    from tasks import resources
+
+    with pytest.raises(ValueError, match=r"f.yaml: training.gpus is not a setting; training takes \["):
+        resources.ClusterResources.from_dict({"training": {"gpus": 1}}, "f.yaml")
+    with pytest.raises(ValueError, match=r"training.mem_per_process: '4GB' is not a Kubernetes quantity"):
+        resources.ClusterResources.from_dict({"training": {"mem_per_process": "4GB"}}, "f.yaml")
+    with pytest.raises(ValueError, match=r"unknown section\(s\) \['evaluate'\]"):
+        resources.ClusterResources.from_dict({"evaluate": {}}, "f.yaml")
+    monkeypatch.setenv("FLYSCALE_RESOURCES", str(tmp_path / "missing.yaml"))
+    with pytest.raises(FileNotFoundError, match=r"FLYSCALE_RESOURCES=.*missing.yaml: no such file"):
+        resources.load()
+    assert resources.ClusterResources().training.resources(4).cpu == "4"  # scales with the processes
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from tests.conftest import REPO
 
 BIN = Path(sys.executable).parent
 # What the image's COPY instructions take (the .dockerignore allowlist, less the lock).
-PROJECT = ["pyproject.toml", "README.md", "flyscale", "plugins", "tasks", "workflows", ".dockerignore"]
+PROJECT = ["pyproject.toml", "README.md", "flyscale", "plugins", "tasks", "workflows", "configs", ".dockerignore"]
 
 
 def _copy_project(dest: Path) -> Path:
@@ -121,7 +121,7 @@ def image(tmp_path_factory) -> tuple[Path, Path]:  # per test: fast registration
 
 
 def _package(project: Path, out: Path, *flags: str) -> dict[str, TaskSpec]:
-    _run([str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", "ghcr.io/acme/flyscale:1",
+    _run([str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", "ghcr.io/acme/flyscale@sha256:" + "0" * 64,
           *flags, "-f", "-o", str(out)], cwd=project, env={**os.environ, "HOME": str(out.parent)})
     specs = {}
     with tarfile.open(out) as tar:

@@ -101,6 +101,7 @@ def test_correct_setups_pass_with_matching_losses():
         assert report.world_size == 2 and report.steps == 5 and report.strategy == strategy
         assert report.max_rel_diff < 1e-5, report.table()  # fp32: rounding only, far below the default rtol
         assert len(report.losses_world1) == len(report.losses_worldN) == 5
+        assert report.samples_per_s_world1 > 0 and report.samples_per_s_worldN > 0  # throughput, measured
         # The steps trained: otherwise two untouched models would agree trivially.
         assert report.losses_worldN[-1] < 0.9 * report.losses_worldN[0]
 
@@ -133,6 +134,19 @@ def test_compare_uses_relative_tolerance_on_every_step():
     bad = compare(_history(2.0, 1.5), _history(2.0, 1.5 * (1 + 2e-3)), rtol=1e-3, strategy="ddp")
     assert not bad.passed and bad.max_rel_diff == pytest.approx(3e-3 / 1.503, rel=1e-9)
     assert "   2" in bad.table() and "1.503000" in bad.table()
+
+
+def test_workers_slower_than_one_process_are_named_with_the_numbers_and_knobs():
+    from flyscale.preflight import slower_with_workers
+
+    report = PreflightReport(passed=True, world_size=2, steps=5, strategy="ddp", samples_per_s_world1=15400.0,
+                             samples_per_s_worldN=13000.0, grad_comm_fraction=0.42)
+    message = slower_with_workers(report, TrainConfig(batch_size=32))
+    assert "2 workers train 13,000 samples/s against 15,400 for one process with the same cores (0.84x)" in message
+    assert "communication-bound" in message and "42%" in message
+    assert "train.batch_size, now 32" in message and "FLYSCALE_NPROC_PER_NODE" in message and "bucket_cap_mb" in message
+    report.samples_per_s_worldN = 20000.0  # faster with workers: nothing to say
+    assert slower_with_workers(report, TrainConfig()) == ""
 
 
 def test_disabled_preflight_returns_at_once():

@@ -8,8 +8,14 @@ import sys
 import tarfile
 from pathlib import Path
 
+import msgpack
 import pytest
+import yaml
+from flyteidl.admin.launch_plan_pb2 import LaunchPlan
 from flyteidl.admin.task_pb2 import TaskSpec
+from flyteidl.core.execution_pb2 import WorkflowExecution
+from flyteidl.core.tasks_pb2 import Resources
+from flytekit.models.concurrency import ConcurrencyLimitBehavior
 from google.protobuf.json_format import MessageToDict
 
 from tests.conftest import REPO
@@ -18,31 +24,48 @@ BIN = Path(sys.executable).parent
 IMAGE = "ghcr.io/acme/flyscale@sha256:" + "0" * 64
 
 
-def _package(tmp_path: Path, **env: str) -> dict[str, TaskSpec]:
-    out = tmp_path / "pkg.tgz"
-    proc = subprocess.run(
-        [str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", "unused:1", "-f", "-o", str(out)],
-        cwd=REPO, env={**os.environ, "HOME": str(tmp_path), "FLYSCALE_IMAGE": IMAGE, **env},
-        capture_output=True, text=True, timeout=300,
+def _pyflyte_package(tmp_path: Path, image: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", image, "-f", "-o", str(tmp_path / "pkg.tgz")],
+        cwd=REPO, env={**os.environ, "HOME": str(tmp_path), **env}, capture_output=True, text=True, timeout=300,
     )
+
+
+def _package(tmp_path: Path, **env: str) -> dict[str, object]:
+    """Every task's TaskSpec and every launch plan's LaunchPlan, by name, as `pyflyte package` wrote them."""
+    proc = _pyflyte_package(tmp_path, IMAGE, **env)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    specs = {}
-    with tarfile.open(out) as tar:
+    specs: dict[str, object] = {}
+    with tarfile.open(tmp_path / "pkg.tgz") as tar:
         for member in tar.getmembers():
-            if member.name.split("_", 1)[-1].startswith("tasks."):
+            kind = member.name.rsplit("_", 1)[-1]  # flytekit's file names end in the entity's resource type
+            if kind == "1.pb":
                 spec = TaskSpec()
                 spec.ParseFromString(tar.extractfile(member).read())
                 specs[spec.template.id.name] = spec
+            elif kind == "3.pb":
+                plan = LaunchPlan()
+                plan.ParseFromString(tar.extractfile(member).read())
+                specs[f"launch plan {plan.id.name}"] = plan
     return specs
 
 
 @pytest.fixture(scope="module")
-def packaged(tmp_path_factory) -> dict[str, dict[str, TaskSpec]]:
-    """The workflow packaged for one node and for three."""
+def packaged(tmp_path_factory) -> dict[str, dict[str, object]]:
+    """The workflow packaged for one node, and for three nodes of 4 GPU workers each."""
+    gpus = tmp_path_factory.mktemp("resources") / "gpu-nodes.yaml"
+    gpus.write_text(yaml.safe_dump({"training": {"cpu_per_process": "4", "mem_per_process": "16Gi", "gpu_per_process": 1,
+                                                 "accelerator": "nvidia-h100", "shared_memory": "8Gi"}}))
     return {
         "one node": _package(tmp_path_factory.mktemp("one")),
-        "three nodes": _package(tmp_path_factory.mktemp("three"), FLYSCALE_NNODES="3", FLYSCALE_NPROC_PER_NODE="4"),
+        "three nodes": _package(tmp_path_factory.mktemp("three"), FLYSCALE_NNODES="3", FLYSCALE_NPROC_PER_NODE="4",
+                                FLYSCALE_RESOURCES=str(gpus)),
     }
+
+
+def _tasks(specs: dict[str, object]) -> dict[str, TaskSpec]:
+    """The training pipeline's tasks (the scaling study's, in tasks/scaling.py, are its own)."""
+    return {name: spec for name, spec in specs.items() if isinstance(spec, TaskSpec) and not name.startswith("tasks.scaling.")}
 
 
 @pytest.mark.timeout(400)
@@ -54,20 +77,68 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(specs) == 16  # both data branches, both publish branches, and the failure handler
+    assert len(_tasks(specs)) == 16  # both data branches, both publish branches, and the failure handler
     assert "tasks.register.close_failed_run" in specs
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1
     assert train.metadata.retries.retries == 2 and train.metadata.interruptible
-    for name, spec in specs.items():
-        assert spec.template.container.image == IMAGE, name  # the digest-pinned image from FLYSCALE_IMAGE
+    for name, spec in _tasks(specs).items():
+        assert spec.template.container.image == IMAGE, name  # the digest-pinned image given to --image
+    # Resources from the cluster file: a worker's share times the 4 workers of a node.
+    resources = train.container.resources
+    requests = {Resources.ResourceName.Name(r.name): r.value for r in resources.requests}
+    assert requests == {"CPU": "16", "MEMORY": "64Gi", "GPU": "4"}
+    assert {Resources.ResourceName.Name(r.name): r.value for r in resources.limits} == requests
+    assert train.extended_resources.gpu_accelerator.device == "nvidia-h100"
+    assert train.extended_resources.shared_memory.size_limit == "8Gi"
+    # The pod's exit code follows the PyTorchJob convention: the wrapper runs flytekit's entrypoint.
+    args = list(train.container.args)
+    assert args[:4] == ["python", "-m", "tasks.exit_codes", "pyflyte-execute"], args
+    # Every other task asks for the file's (here default) small share.
+    load = specs["tasks.data.load_data"].template.container.resources
+    assert {Resources.ResourceName.Name(r.name): r.value for r in load.requests} == {"CPU": "1", "MEMORY": "2Gi"}
+
+
+@pytest.mark.timeout(400)
+def test_the_nightly_launch_plan_is_scheduled_skips_overlaps_and_alerts(packaged):
+    plan = packaged["one node"]["launch plan nightly_retraining"]
+    assert plan.spec.entity_metadata.schedule.cron_schedule.schedule == "0 2 * * *"
+    # Activation is flytekit's client-side flag, which `pyflyte register` acts on (not in the package).
+    from collections import OrderedDict
+
+    from flytekit.configuration import ImageConfig, SerializationSettings
+    from flytekit.tools.translator import get_serializable
+
+    from workflows.launch_plans import nightly_retraining
+
+    settings = SerializationSettings(image_config=ImageConfig.auto(img_name=IMAGE))
+    assert get_serializable(OrderedDict(), settings, nightly_retraining).should_auto_activate
+    assert plan.spec.concurrency_policy.max == 1
+    assert plan.spec.concurrency_policy.behavior == ConcurrencyLimitBehavior.SKIP
+    (alert,) = plan.spec.entity_metadata.notifications
+    assert alert.email.recipients_email and WorkflowExecution.FAILED in alert.phases
+    fixed = msgpack.unpackb(plan.spec.fixed_inputs.literals["cfg"].scalar.binary.value)  # flytekit's dataclass encoding
+    assert fixed["data"]["options"]["path"] == "s3://flyscale-data/production/digits/"  # the production data, fixed
+
+
+@pytest.mark.timeout(300)
+def test_an_unpinned_image_is_refused_with_the_way_to_pin_it(tmp_path, monkeypatch):
+    proc = _pyflyte_package(tmp_path, "ghcr.io/acme/flyscale:1.2")
+    assert proc.returncode != 0
+    out = " ".join((proc.stdout + proc.stderr).split())
+    assert "'ghcr.io/acme/flyscale:1.2', which is not pinned by digest" in out, out[-3000:]
+    assert "--image <registry>/flyscale@sha256:<digest>" in out and "FLYSCALE_ALLOW_UNPINNED_IMAGE=1" in out
+    from tasks.common import check_pinned
+
+    monkeypatch.setenv("FLYSCALE_ALLOW_UNPINNED_IMAGE", "1")  # the development clusters' escape hatch
+    check_pinned("ghcr.io/acme/flyscale:dev", "tasks.data.load_data")
 
 
 @pytest.mark.timeout(400)
 def test_registered_cache_versions_carry_the_launcher(packaged):
     """What a cluster caches on: the training tasks' versions differ with the launcher, the others do not."""
-    one = packaged["one node"]
-    version = {k: {n: s.template.metadata.discovery_version for n, s in v.items()} for k, v in packaged.items()}
+    one = _tasks(packaged["one node"])
+    version = {k: {n: s.template.metadata.discovery_version for n, s in _tasks(v).items()} for k, v in packaged.items()}
     changed = {n for n in version["one node"] if version["one node"][n] != version["three nodes"][n]}
     assert changed == {"tasks.train.train_model", "tasks.preflight.preflight_check"}
     cached = {n for n, s in one.items() if s.template.metadata.discoverable}

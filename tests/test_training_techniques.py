@@ -158,6 +158,7 @@ def test_input_bound_run_is_diagnosed_with_the_knob_to_turn():
     m = history.epochs[0]
     assert m.data_wait_fraction > 0.5
     assert "train.num_workers" in history.diagnosis
+    assert history.steps == history.steps_run == len(loader) == 4  # counted without a per-step hook
 
 
 class Hungry(torch.nn.Module):

@@ -1,0 +1,73 @@
+"""Compute-bound training against what this CPU's fp32 matmul can do, measured in the same run.
+
+A wide MLP (1024 -> 2048 x 3 -> 10, 10.5M parameters) at batch 512 on synthetic data, trained by
+flyscale's trainer (the ddp strategy at world size 1, both cores), against the fp32 matmul rate
+of 2048 x 2048 products on the same threads. Achieved FLOP/s counts 6 x parameters x samples
+(forward 2, backward 4 per weight and sample: the dense layers' work). Goal: >= 90% of the peak.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from flyscale.artifacts import build_model
+from flyscale.config import ModelConfig, TrainConfig
+from flyscale.contracts import DatasetInfo
+from flyscale.distributed import DistContext
+from flyscale.training import TrainData
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+
+GOAL = 0.90
+FEATURES, HIDDEN, CLASSES, BATCH, ROWS = 1024, [2048, 2048, 2048], 10, 512, 8192
+THREADS = 2
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 20) -> float:
+    """The fp32 matmul rate, median of `repeats` products (2 n^3 FLOPs each)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def training_gflops(epochs: int = 4) -> tuple[float, int]:
+    """flyscale's trainer on the wide MLP: (GFLOP/s of the median epoch after the first, parameters)."""
+    info = DatasetInfo(name="synthetic", num_classes=CLASSES, input_shape=[FEATURES],
+                       feature_columns=[f"f{i}" for i in range(FEATURES)])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(ROWS, FEATURES, generator=g), torch.randint(0, CLASSES, (ROWS,), generator=g)
+    data = TrainData(x, y, x[:BATCH], y[:BATCH])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", options={"hidden": HIDDEN, "dropout": 0.0}), info)
+    params = sum(p.numel() for p in model.parameters())
+    result = ddp(model, data, TrainConfig(epochs=epochs, batch_size=BATCH, seed=0), DistContext(), DDPOptions())
+    seconds = statistics.median(m.seconds for m in result.history.epochs[1:])  # epoch 0 warms the allocator
+    return 6 * params * ROWS / seconds / 1e9, params
+
+
+def main() -> None:
+    torch.set_num_threads(THREADS)
+    peaks, achieved = [], []
+    for _ in range(2):  # interleaved: drift of the machine hits both alike
+        peaks.append(matmul_gflops())
+        gflops, params = training_gflops()
+        achieved.append(gflops)
+        peaks.append(matmul_gflops())
+    peak, got = statistics.median(peaks), statistics.median(achieved)
+    ratio = got / peak
+    print(f"bench_compute: compute-bound training against the fp32 matmul peak, {THREADS} threads (goal >= {GOAL:.0%})")
+    print(f"  wide MLP {FEATURES}->{'x'.join(map(str, HIDDEN))}->{CLASSES} ({params / 1e6:.1f}M parameters), batch {BATCH}: "
+          f"{got:6.1f} GFLOP/s   matmul 2048^2: {peak:6.1f} GFLOP/s   ratio {ratio:.3f} "
+          f"(goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})")
+
+
+if __name__ == "__main__":
+    main()

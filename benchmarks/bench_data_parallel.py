@@ -1,0 +1,103 @@
+"""Data-parallel efficiency: two DDP workers of one thread each against one process with both
+threads, on the compute-bound config (bench_compute's wide MLP), at the same global batch.
+
+Both run flyscale's ddp strategy; throughput is the trainer's own global samples/s (median epoch
+after the first). Goal: two workers >= 0.9x the one process. The default digits MLP is shown
+too: there two workers are slower (communication-bound at that size), which is what the
+training's data-parallel warning says when it sees it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+
+import torch
+
+from benchmarks.bench_compute import BATCH, CLASSES, FEATURES, HIDDEN, ROWS
+from flyscale.artifacts import build_model
+from flyscale.config import ModelConfig, TrainConfig
+from flyscale.contracts import DatasetInfo
+from flyscale.distributed import DistContext
+from flyscale.training import TrainData
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+
+GOAL = 0.9
+EPOCHS = 4
+CONFIGS = {
+    "wide MLP (compute-bound)": (FEATURES, HIDDEN, BATCH),
+    "digits-sized MLP": (64, [256, 128], 64),
+}
+
+
+def _data(features: int) -> tuple[TrainData, DatasetInfo]:
+    info = DatasetInfo(name="synthetic", num_classes=CLASSES, input_shape=[features],
+                       feature_columns=[f"f{i}" for i in range(features)])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(ROWS, features, generator=g), torch.randint(0, CLASSES, (ROWS,), generator=g)
+    return TrainData(x, y, x[:512], y[:512]), info
+
+
+def _samples_per_s(features: int, hidden: list[int], per_worker_batch: int, ctx: DistContext) -> float:
+    data, info = _data(features)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", options={"hidden": hidden, "dropout": 0.0}), info)
+    cfg = TrainConfig(epochs=EPOCHS, batch_size=per_worker_batch, seed=0)
+    history = ddp(model, data, cfg, ctx, DDPOptions()).history
+    return statistics.median(m.samples_per_s for m in history.epochs[1:])
+
+
+def _worker(rank: int, world: int, port: int, args: tuple, out) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        rate = _samples_per_s(*args, DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu")))
+        if rank == 0:
+            out.put(rate)
+    finally:
+        dist.destroy_process_group()
+
+
+def two_workers(features: int, hidden: list[int], global_batch: int) -> float:
+    ctx = mp.get_context("fork")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, 2, port, (features, hidden, global_batch // 2), out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    rate = out.get(timeout=600)
+    for p in procs:
+        p.join(60)
+        if p.exitcode != 0:
+            raise RuntimeError(f"a worker exited {p.exitcode}")
+    return rate
+
+
+def one_process(features: int, hidden: list[int], global_batch: int) -> float:
+    torch.set_num_threads(2)
+    return _samples_per_s(features, hidden, global_batch, DistContext())
+
+
+def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(f"bench_data_parallel: 2 DDP workers x 1 thread against 1 process x 2 threads, same global batch (goal >= {GOAL})")
+    for name, (features, hidden, batch) in CONFIGS.items():
+        ones, twos = [], []
+        for _ in range(2):  # interleaved
+            ones.append(one_process(features, hidden, batch))
+            twos.append(two_workers(features, hidden, batch))
+        one, two = statistics.median(ones), statistics.median(twos)
+        ratio = two / one
+        verdict = f"(goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})" if "compute" in name else "(for scale)"
+        print(f"  {name:<26} global batch {batch:4d}: 1 process {one:8.0f} samples/s   2 workers {two:8.0f} samples/s   "
+              f"ratio {ratio:.3f} {verdict}")
+
+
+if __name__ == "__main__":
+    main()
