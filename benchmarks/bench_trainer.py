@@ -28,7 +28,7 @@ ROUNDS = 3
 
 def _plain(model, cfg: TrainConfig, epoch_batches) -> list[float]:
     """The textbook step over each epoch's batches (`epoch_batches()` gives an epoch's), timed per epoch."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)  # the fastest form
     times = []
     for _ in range(cfg.epochs):
         model.train()
