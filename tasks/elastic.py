@@ -69,23 +69,25 @@ def importable_by_workers(fn) -> Iterator[None]:
             sys.path.remove(where)
 
 
-class LocalSafeElasticTask(PytorchElasticFunctionTask):
-    def execute(self, **kwargs):
-        try:
-            with importable_by_workers(self.task_function), transient_faults_retryable():
-                if self.min_nodes > 1 and not in_pytorchjob():
-                    log.warning(
-                        "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
-                        self.task_config.nnodes, self.task_config.nproc_per_node,
-                    )
-                    return self._single_node_twin.execute(**kwargs)
-                return super().execute(**kwargs)
-        except Exception as exc:
-            exit_codes.record(exc)  # for the pod's exit code (PyTorchJob's ExitCode restart policy)
-            raise
+class ExitCodeCommand:
+    """A training task's container command under tasks.exit_codes, so its pod exits by the
+    PyTorchJob ExitCode convention (its execute records failures with `exit_codes.recorded`)."""
 
     def get_default_command(self, settings) -> list[str]:
         return exit_codes.wrapped(super().get_default_command(settings))
+
+
+class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
+    def execute(self, **kwargs):
+        # Recorded outermost: the pod's exit code follows the retryable conversion below.
+        with exit_codes.recorded(), importable_by_workers(self.task_function), transient_faults_retryable():
+            if self.min_nodes > 1 and not in_pytorchjob():
+                log.warning(
+                    "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
+                    self.task_config.nnodes, self.task_config.nproc_per_node,
+                )
+                return self._single_node_twin.execute(**kwargs)
+            return super().execute(**kwargs)
 
     @functools.cached_property
     def _single_node_twin(self) -> PytorchElasticFunctionTask:
@@ -100,16 +102,10 @@ class ClassicPyTorch(PyTorch):
     ExitCode convention too."""
 
 
-class ClassicPyTorchTask(PyTorchFunctionTask):
+class ClassicPyTorchTask(ExitCodeCommand, PyTorchFunctionTask):
     def execute(self, **kwargs):
-        try:
+        with exit_codes.recorded():
             return super().execute(**kwargs)
-        except Exception as exc:
-            exit_codes.record(exc)
-            raise
-
-    def get_default_command(self, settings) -> list[str]:
-        return exit_codes.wrapped(super().get_default_command(settings))
 
 
 @contextlib.contextmanager

@@ -17,11 +17,13 @@ error document's kind, which says the same thing (FlyteRecoverableException).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+from typing import Iterator
 
 SUCCESS, PERMANENT, RETRYABLE = 0, 1, 143
 ENV = "FLYSCALE_EXIT_CODE_FILE"
@@ -49,6 +51,16 @@ def record(exc: BaseException) -> None:
     if path:
         with open(path, "w") as f:
             f.write(f"{code_for(exc)} {type(exc).__name__}\n")
+
+
+@contextlib.contextmanager
+def recorded() -> Iterator[None]:
+    """Record how the block failed (see `record`), then let the exception go on."""
+    try:
+        yield
+    except Exception as exc:
+        record(exc)
+        raise
 
 
 def wrapped(command: list[str]) -> list[str]:
