@@ -14,11 +14,10 @@ import time
 
 import torch
 
+from benchmarks.common import synthetic
 from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.contracts import DatasetInfo
 from flyscale.distributed import DistContext
-from flyscale.training import TrainData
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 GOAL = 0.90
@@ -44,11 +43,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 20) -> tuple[float, float]:
 
 def training_gflops(epochs: int = 4) -> tuple[float, int]:
     """flyscale's trainer on the wide MLP: (GFLOP/s of the median epoch after the first, parameters)."""
-    info = DatasetInfo(name="synthetic", num_classes=CLASSES, input_shape=[FEATURES],
-                       feature_columns=[f"f{i}" for i in range(FEATURES)])
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(ROWS, FEATURES, generator=g), torch.randint(0, CLASSES, (ROWS,), generator=g)
-    data = TrainData(x, y, x[:BATCH], y[:BATCH])
+    data, info = synthetic(FEATURES, ROWS, CLASSES, val_rows=BATCH)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp", options={"hidden": HIDDEN, "dropout": 0.0}), info)
     params = sum(p.numel() for p in model.parameters())

@@ -9,19 +9,16 @@ training's data-parallel warning says when it sees it.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 import statistics
 
 import torch
 
 from benchmarks.bench_compute import BATCH, CLASSES, FEATURES, HIDDEN, ROWS
+from benchmarks.common import on_ranks, synthetic
 from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.contracts import DatasetInfo
 from flyscale.distributed import DistContext
-from flyscale.training import TrainData
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 GOAL = 0.9
@@ -32,16 +29,8 @@ CONFIGS = {
 }
 
 
-def _data(features: int) -> tuple[TrainData, DatasetInfo]:
-    info = DatasetInfo(name="synthetic", num_classes=CLASSES, input_shape=[features],
-                       feature_columns=[f"f{i}" for i in range(features)])
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(ROWS, features, generator=g), torch.randint(0, CLASSES, (ROWS,), generator=g)
-    return TrainData(x, y, x[:512], y[:512]), info
-
-
-def _samples_per_s(features: int, hidden: list[int], per_worker_batch: int, ctx: DistContext) -> float:
-    data, info = _data(features)
+def _samples_per_s(ctx: DistContext, features: int, hidden: list[int], per_worker_batch: int) -> float:
+    data, info = synthetic(features, ROWS, CLASSES)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp", options={"hidden": hidden, "dropout": 0.0}), info)
     cfg = TrainConfig(epochs=EPOCHS, batch_size=per_worker_batch, seed=0)
@@ -49,39 +38,13 @@ def _samples_per_s(features: int, hidden: list[int], per_worker_batch: int, ctx:
     return statistics.median(m.samples_per_s for m in history.epochs[1:])
 
 
-def _worker(rank: int, world: int, port: int, args: tuple, out) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        rate = _samples_per_s(*args, DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu")))
-        if rank == 0:
-            out.put(rate)
-    finally:
-        dist.destroy_process_group()
-
-
 def two_workers(features: int, hidden: list[int], global_batch: int) -> float:
-    ctx = mp.get_context("fork")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, (features, hidden, global_batch // 2), out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    rate = out.get(timeout=600)
-    for p in procs:
-        p.join(60)
-        if p.exitcode != 0:
-            raise RuntimeError(f"a worker exited {p.exitcode}")
-    return rate
+    return on_ranks(_samples_per_s, features, hidden, global_batch // 2)[0]  # rank 0's rate is the global one
 
 
 def one_process(features: int, hidden: list[int], global_batch: int) -> float:
     torch.set_num_threads(2)
-    return _samples_per_s(features, hidden, global_batch, DistContext())
+    return _samples_per_s(DistContext(), features, hidden, global_batch)
 
 
 def main() -> None:

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import queue
+import socket
 import statistics
-from typing import Callable
+from typing import Any, Callable
+
+import torch
 
 from flyscale import data
 from flyscale.config import AugmentConfig, DataConfig, ModelConfig
+from flyscale.contracts import DatasetInfo
+from flyscale.distributed import DistContext
 from flyscale.training import TrainData
 
 # A tiny step (the default MLP: ~1.5 ms at batch 32) shows fixed per-step overheads at their
@@ -23,6 +30,54 @@ def digits_x3() -> tuple[TrainData, object]:
     train, val, _ = data.split(frame, DataConfig())
     train = data.augment(train, info, AugmentConfig(names=["shift", "noise"], copies=2))
     return data.train_data(train, val, info), info
+
+
+def synthetic(features: int, rows: int, classes: int = 10, val_rows: int = 512) -> tuple[TrainData, DatasetInfo]:
+    """Random features and labels (seed 0): for measuring speed, where what is learnt does not matter."""
+    info = DatasetInfo(name="synthetic", num_classes=classes, input_shape=[features],
+                       feature_columns=[f"f{i}" for i in range(features)])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(rows, features, generator=g), torch.randint(0, classes, (rows,), generator=g)
+    return TrainData(x, y, x[:val_rows], y[:val_rows]), info
+
+
+def _rank(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple, out) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # one core per worker
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        out.put((rank, fn(DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu")), *args)))
+    finally:
+        dist.destroy_process_group()
+
+
+def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
+    """`fn(ctx, *args)` on `world` forked single-threaded workers in one gloo group; results in rank order."""
+    ctx = mp.get_context("fork")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, fn, args, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    try:
+        while len(results) < world:
+            try:
+                rank, value = out.get(timeout=1)
+                results[rank] = value
+            except queue.Empty:
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed:  # a crashed worker leaves its peers waiting in a collective
+                    raise RuntimeError(f"a benchmark worker exited {failed[0]}; its traceback is above") from None
+    finally:
+        for p in procs:
+            p.join(60 if len(results) == world else 0)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(world)]
 
 
 def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict[str, float]:

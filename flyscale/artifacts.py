@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -21,15 +22,22 @@ def _module(value: Any, what: str) -> nn.Module:
     return value
 
 
-def build_model(cfg: ModelConfig, info: DatasetInfo) -> nn.Module:
-    """A freshly initialised model from the configured plugin."""
+def build_model(cfg: ModelConfig, info: DatasetInfo, *, meta: bool = False) -> nn.Module:
+    """A freshly initialised model from the configured plugin; `meta`: shapes only, on the meta
+    device, for a strategy that materialises its own part (flyscale.meta)."""
     r = cfg.plugin
-    return _module(r.plugin.build(r.options, info), f"model {cfg.name!r}: build()")
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        return _module(r.plugin.build(r.options, info), f"model {cfg.name!r}: build()")
 
 
 def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
     """The configured training strategy function and its parsed options."""
     return cfg.plugin.plugin, cfg.plugin.options
+
+
+def wants_meta_model(cfg: TrainConfig) -> bool:
+    """Whether the configured strategy takes its model on the meta device (`meta_model = True`)."""
+    return bool(cfg.plugin.attribute("meta_model"))
 
 
 def quantize(model: nn.Module, cfg: QuantizeConfig, calibration: Sequence[torch.Tensor] | None = None) -> nn.Module:

@@ -134,7 +134,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "datasets": {"options_type": None, "default_augmentations": (), "streaming": False},
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
-    "strategies": {"options_type": None, "per_worker_batch": True},
+    "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
     "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
 }

@@ -24,6 +24,8 @@ from flyscale import registry
 
 log = logging.getLogger(__name__)
 
+_HEADER = 9  # send_tensor's shape header: the number of dimensions, then up to 8 sizes
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -57,6 +59,34 @@ class DistContext:
             return [obj]
         out: list[object] = [None] * self.world_size
         dist.all_gather_object(out, obj)
+        return out
+
+    def gather_object(self, obj: object) -> list[object]:
+        """Every rank's `obj` in rank order on rank 0 (the others get an empty list)."""
+        if not self.distributed:
+            return [obj]
+        out: list[object] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0)
+        return out or []
+
+    def send_tensor(self, tensor: torch.Tensor, dst: int) -> None:
+        """Send `tensor` (any shape, float32) to rank `dst`, which takes it with `recv_tensor`."""
+        # The shape first, in a fixed-size header, so the receiver needs to know nothing in advance.
+        if tensor.dim() >= _HEADER:
+            raise ValueError(f"send_tensor takes at most {_HEADER - 1} dimensions, got shape {tuple(tensor.shape)}")
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        header[0] = tensor.dim()
+        header[1 : 1 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        dist.send(header, dst)
+        dist.send(tensor.to(self.device, torch.float32).contiguous(), dst)
+
+    def recv_tensor(self, src: int) -> torch.Tensor:
+        """The tensor rank `src` sends with `send_tensor`."""
+        header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+        dist.recv(header, src)
+        shape = header[1 : 1 + int(header[0])].tolist()
+        out = torch.empty(shape, dtype=torch.float32, device=self.device)
+        dist.recv(out, src)
         return out
 
     def barrier(self) -> None:

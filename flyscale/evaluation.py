@@ -160,25 +160,3 @@ def evaluate_batches(model: nn.Module, batches: Iterable[tuple[torch.Tensor, tor
         reliability_accuracy=bin_acc,
         reliability_count=bin_count,
     )
-
-
-def plot_confusion(confusion: list[list[int]], title: str, path: str) -> str:
-    """Write the confusion matrix as a PNG for the MLflow run; returns `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # tasks run headless
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4.5))
-    im = ax.imshow(confusion, cmap="Blues")
-    n = len(confusion)
-    for i in range(n):
-        for j in range(n):
-            value = confusion[i][j]
-            ax.text(j, i, str(value), ha="center", va="center", fontsize=7, color="white" if value > 0.5 * max(map(max, confusion)) else "black")
-    ax.set(xlabel="predicted", ylabel="true", title=title, xticks=range(n), yticks=range(n))
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

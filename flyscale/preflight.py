@@ -35,6 +35,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from flyscale import meta
 from flyscale.config import PreflightConfig, TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import make_optimizer, make_scheduler, standard_step
@@ -108,7 +109,8 @@ def without_dropout(model: nn.Module) -> nn.Module:
 def single_process(model: nn.Module, data: TrainData, cfg: TrainConfig, device: torch.device) -> TrainHistory:
     """The reference: the plain single-device loop, no wrapper, no collectives."""
     ctx = DistContext(device=device)
-    model = model.to(device)
+    # A model built on the meta device gets every layer's initial weights, as each stage draws its own.
+    model = meta.materialise(model, device, cfg.seed).to(device)
     dataset = TensorDataset(data.x_train, data.y_train)
     loader = make_loader(dataset, ctx.train_sampler(dataset, seed=cfg.seed), cfg, ctx)
     optimizer = make_optimizer(model, cfg, world_size=1)

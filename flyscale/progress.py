@@ -14,6 +14,8 @@ from typing import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+UPDATE_EVERY_S = 0.1
+
 
 class TrainProgress:
     """Two rich bars, epochs and this epoch's steps, with the global throughput."""
@@ -26,24 +28,37 @@ class TrainProgress:
         self._epochs = progress.add_task("epochs", total=epochs, rate="")
         self._steps = progress.add_task("steps", total=steps_per_epoch, rate="")
         self._samples = 0
-        self._start = time.perf_counter()
+        self._pending = 0  # steps taken since the bar was last updated
+        self._start = self._shown = time.perf_counter()
 
     def start_epoch(self) -> None:
         """Reset the step bar for a new pass over the data."""
-        self._samples = 0
-        self._start = time.perf_counter()
+        self._samples = self._pending = 0
+        self._start = self._shown = time.perf_counter()
         self._progress.reset(self._steps, rate="")
 
     def step(self, batch_size: int) -> None:
         """One optimizer step on `batch_size` rows of this rank."""
         self._samples += batch_size
-        elapsed = time.perf_counter() - self._start
-        rate = self._samples * self._scale / elapsed if elapsed > 0 else 0.0
-        self._progress.update(self._steps, advance=1, rate=f"{rate:,.0f} samples/s")
+        self._pending += 1
+        now = time.perf_counter()
+        # The bar redraws ten times a second anyway: updating it on every step of a 1 ms step
+        # would cost the step more than the bar is worth.
+        if now - self._shown >= UPDATE_EVERY_S:
+            self._flush(now)
 
     def end_epoch(self, samples_per_s: float) -> None:
         """Close an epoch with its measured global throughput."""
+        self._flush(time.perf_counter())
         self._progress.update(self._epochs, advance=1, rate=f"{samples_per_s:,.0f} samples/s")
+
+    def _flush(self, now: float) -> None:
+        if not self._pending:
+            return
+        elapsed = now - self._start
+        rate = self._samples * self._scale / elapsed if elapsed > 0 else 0.0
+        self._progress.update(self._steps, advance=self._pending, rate=f"{rate:,.0f} samples/s")
+        self._pending, self._shown = 0, now
 
 
 def _columns() -> tuple:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flyscale import plots, tracking
+from flyscale import tracking
 from flyscale.comparison import Comparison
 from flyscale.config import PipelineConfig, effective, flatten
 from flyscale.contracts import DatasetInfo
@@ -45,20 +45,13 @@ def register(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantine_dir: str, profile: Profile, report_dir: str, history: TrainHistory, preflight: PreflightReport,
     weights_path: str, fp32: EvalMetrics, test_sha256: str, judgment: Judgment, int8_weights_path: str,
-    int8: EvalMetrics, comparison: Comparison, runs: list[TaskRun], started: TaskRun, publish: bool,
+    int8: EvalMetrics, comparison: Comparison, plots_dir: str, runs: list[TaskRun], started: TaskRun, publish: bool,
 ) -> RunSummary:
     """Log the run to MLflow with both models; when `publish` (every gate passed) register them
     and move the alias if the champion is still the one the verdicts were judged against."""
     cache = CacheReport.of(runs, started.started_at, ALWAYS_RUN)
     config = effective(cfg)
     config_sha = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
-    figures = {
-        "plots/reliability_fp32.png": plots.reliability_diagram(fp32, "fp32 reliability", _tmp("reliability.png")),
-        "plots/learning_curves.png": plots.learning_curves(history, _tmp("curves.png")),
-        "plots/latency.png": plots.latency_plot(
-            {"fp32": comparison.fp32_latency, f"int8 ({comparison.quantizer})": comparison.int8_latency},
-            _tmp("latency.png")),
-    }
     record = tracking.RunRecord(
         params=flatten(cfg),
         history=history,
@@ -94,7 +87,7 @@ def register(
         },
         test_sha256=test_sha256,
         metrics={f"test_{k}": v for k, v in comparison.scalars().items()},
-        figures=figures,
+        plots_dir=plots_dir,
         tables={"latency.json": [*comparison.fp32_latency.table(), *comparison.int8_latency.table()]},
         started_at=started.started_at,
     )
@@ -119,9 +112,3 @@ def _resumed(history: TrainHistory) -> str:
         return ""
     return (f"resumed from step {history.resumed_from_step} ({history.resumed_from}); "
             f"{history.steps_run} of {history.steps} steps computed after it")
-
-
-def _tmp(name: str) -> str:
-    import tempfile
-
-    return str(Path(tempfile.mkdtemp(prefix="flyscale-plot-")) / name)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import tempfile
 
 from flyscale import plots
 from flyscale.comparison import Comparison
-from flyscale.evaluation import EvalMetrics, plot_confusion
+from flyscale.evaluation import EvalMetrics
 from flyscale.training import TrainHistory
 
 
@@ -83,19 +82,17 @@ def _png(path: str) -> str:
         return base64.b64encode(f.read()).decode("ascii")
 
 
-def evaluation_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison) -> str:
+# The Deck's figures, {alt text: file in the run's plots folder}, in the order shown.
+DECK_PLOTS = {"fp32 confusion": plots.CONFUSION_FP32, "int8 confusion": plots.CONFUSION_INT8,
+              "reliability": plots.RELIABILITY, "latency": plots.LATENCY}
+
+
+def evaluation_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison, plots_dir: str) -> str:
     """The "Evaluation" Deck: test metrics of both models, latency side by side, the confusion
-    matrices, the reliability diagram and latency against batch size (the same plots as in MLflow)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        images = {
-            "fp32 confusion": plot_confusion(fp32.confusion, "fp32 test confusion", f"{tmp}/c32.png"),
-            "int8 confusion": plot_confusion(int8.confusion, "int8 test confusion", f"{tmp}/c8.png"),
-        }
-        plots.reliability_diagram(fp32, "fp32 reliability", f"{tmp}/rel.png")
-        plots.latency_plot({"fp32": comparison.fp32_latency, comparison.quantizer: comparison.int8_latency},
-                           f"{tmp}/lat.png")
-        images |= {"reliability": f"{tmp}/rel.png", "latency": f"{tmp}/lat.png"}
-        figures = "".join(f'<img alt="{html.escape(k)}" src="data:image/png;base64,{_png(v)}"/>' for k, v in images.items())
+    matrices, the reliability diagram and latency against batch size: the PNGs `plots.draw_run`
+    wrote to `plots_dir`, the very files the MLflow run gets."""
+    figures = "".join(f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(f"{plots_dir}/{name}")}"/>'
+                      for alt, name in DECK_PLOTS.items())
     rows = "".join(
         f"<tr><td>{label}</td><td>{m.accuracy:.4f}</td><td>{m.macro_f1:.4f}</td><td>{m.loss:.4f}</td>"
         f"<td>{m.ece:.4f}</td><td>{m.size_bytes / 1024:.1f}</td></tr>"

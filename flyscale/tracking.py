@@ -27,7 +27,7 @@ from flyscale import champion
 from flyscale.champion import ChampionRef, Promotion
 from flyscale.config import MlflowConfig
 from flyscale.contracts import GateVerdict
-from flyscale.evaluation import EvalMetrics, plot_confusion
+from flyscale.evaluation import EvalMetrics
 from flyscale.preflight import PreflightReport
 from flyscale.training import TrainHistory
 from flyscale.validation import Reference, ValidationReport, load_reference
@@ -90,7 +90,7 @@ class RunRecord:
     lineage: dict[str, str] = field(default_factory=dict)  # tags on every registered version
     test_sha256: str = ""  # the fingerprint of the test split the metrics were measured on
     metrics: dict[str, float] = field(default_factory=dict)  # further test metrics (latency, ece, per class)
-    figures: dict[str, Any] = field(default_factory=dict)  # {artifact path: matplotlib Figure}
+    plots_dir: str = ""  # the run's figures as PNGs (flyscale/plots.py draw_run), logged under plots/ as they are
     tables: dict[str, list[dict]] = field(default_factory=dict)  # {artifact file: rows}, for mlflow.log_table
     started_at: float = 0.0  # when the execution started (the run's start time)
 
@@ -328,8 +328,9 @@ def _log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
-    for path, figure in record.figures.items():
-        mlflow.log_figure(figure, path)
+    if record.plots_dir:
+        # The files the quantize task drew (and showed in its Deck): logged, not drawn again.
+        mlflow.log_artifacts(record.plots_dir, artifact_path="plots")
     if record.tables:
         import pandas as pd
 
@@ -342,9 +343,6 @@ def _log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
         if record.validation_dir:
             mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
-        for label, metrics in (("fp32", record.fp32), ("int8", record.int8)):
-            png = plot_confusion(metrics.confusion, f"{label} test confusion", f"{tmp}/confusion_{label}.png")
-            mlflow.log_artifact(png, artifact_path="plots")
 
 
 @dataclass

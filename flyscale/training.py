@@ -22,7 +22,7 @@ from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
 from flyscale.progress import TrainProgress, train_progress
 from flyscale.step import StepFn
-from flyscale.streaming import Stream, StreamingShards, evaluate_units
+from flyscale.streaming import Stream, StreamingShards, evaluate_units, read_unit
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,9 @@ class TrainHistory:
     resumed_from: str = ""  # that checkpoint's path and where it came from ("" = a fresh start)
     checkpoints_saved: int = 0  # in this attempt
     checkpoint_seconds: float = 0.0  # rank 0's wall time spent writing them
+    # Per rank, the MiB of parameters, gradients and optimizer state it holds to train (after the
+    # first epoch of this attempt, when all three exist); empty where the strategy gave no TrainState.
+    state_mb: list[float] = field(default_factory=list)
 
 
 EpochListener = Callable[[EpochMetrics], None]
@@ -157,6 +160,17 @@ class TrainData:
             return evaluate_split(model, self.x_val, self.y_val, ctx)
         s = self.stream
         return lambda: evaluate_units(model, s.val, s.features, s.label, ctx.rank, ctx.world_size, ctx.device)
+
+    def val_batches(self, batch_size: int = 1024) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Every validation row, in order, in batches (CPU tensors): the same on every rank."""
+        if self.stream is None:
+            for start in range(0, len(self.y_val), batch_size):
+                yield self.x_val[start : start + batch_size], self.y_val[start : start + batch_size]
+            return
+        for unit in self.stream.val:
+            x, y = read_unit(unit, self.stream.features, self.stream.label)
+            for start in range(0, len(y), batch_size):
+                yield torch.from_numpy(x[start : start + batch_size]), torch.from_numpy(y[start : start + batch_size])
 
     @property
     def train_rows(self) -> int:
@@ -247,6 +261,16 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Dist
         return loss_sum, correct, float(len(idx))
 
     return run
+
+
+def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of `module`'s parameters, their gradients and `optimizer`'s state held in memory
+    (meta tensors hold none; a storage shared by several tensors counts once)."""
+    tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None]
+    if optimizer is not None:
+        tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_meta}
+    return sum(storages.values())
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -425,6 +449,11 @@ def fit(
             if not math.isfinite(m.train_loss):  # summed over ranks: every rank sees it and stops together
                 raise _diverged(epoch, first_bad, steps_per_epoch, cfg, ctx)
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
+            if state is not None and not history.state_mb:
+                history.state_mb = [b / 2**20 for b in ctx.all_gather_object(state_bytes(state.module, state.optimizer))]  # type: ignore[operator]
+                if ctx.is_main:
+                    log.info("parameters, gradients and optimizer state held per rank: %s MiB",
+                             ", ".join(f"{mb:.2f}" for mb in history.state_mb))
             history.epochs.append(m)
             history.diagnosis = diagnose(m, cfg) or history.diagnosis
             if bar is not None:

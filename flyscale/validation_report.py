@@ -44,7 +44,9 @@ def distributions_png(clean: pd.DataFrame, info: DatasetInfo, profile: Profile, 
     axes[len(names)].legend(fontsize=6)
     for ax in axes[len(names) + 1:]:
         ax.set_visible(False)
-    fig.tight_layout()
+    # Fixed margins for this fixed grid: tight_layout measured every label of 16 panels, which
+    # cost more than drawing them (1 s of a validation's 1.7 s).
+    fig.subplots_adjust(left=0.035, right=0.99, bottom=0.04, top=0.96, wspace=0.25, hspace=0.4)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
     return buf.getvalue()

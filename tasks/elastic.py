@@ -225,6 +225,11 @@ def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
         )
     if launcher != "elastic":
         raise ValueError(f"FLYSCALE_LAUNCHER must be 'elastic' or 'pytorch', got {launcher!r}")
+    return elastic_launcher(nnodes, nproc, restarts)
+
+
+def elastic_launcher(nnodes: int, nproc: int, restarts: int) -> LocalSafeElastic:
+    """torch-elastic on `nnodes` nodes of `nproc` worker processes, restarting them up to `restarts` times."""
     # Short rendezvous timeouts locally; a cluster may wait for pods to be scheduled.
     timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(

@@ -72,7 +72,8 @@ def preflight_check(
     with distributed.process_group() as ctx:
         strategy, options = artifacts.strategy(cfg)
         report = preflight.run_preflight(
-            lambda: artifacts.build_model(model_cfg, info), data.train_data_from(train, val, info), cfg,
+            lambda: artifacts.build_model(model_cfg, info, meta=artifacts.wants_meta_model(cfg)),
+            data.train_data_from(train, val, info), cfg,
             preflight_cfg, ctx, strategy, options,
         )
         return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if ctx.is_main else None)

@@ -41,13 +41,13 @@ REGISTER_CACHE = code_cache(
 def _log(publish: bool, name: str, cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint,
          report: ValidationReport, quarantined: Shards, profile: Profile, report_files: FlyteDirectory,
          history: TrainHistory, preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str,
-         judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
+         judgment: Judgment, int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison, plots: FlyteDirectory,
          runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun) -> Registered:
     run = TaskRun.start(name)
     summary = registration.register(
         cfg, info, fingerprint, report, quarantined.dir.download(), profile, report_files.download(), history,
         preflight, weights.download(), fp32, test_sha256, judgment, int8_weights.download(), int8, comparison,
-        [*data_runs, *runs], started, publish=publish,
+        plots.download(), [*data_runs, *runs], started, publish=publish,
     )
     return Registered(summary=summary, run=run.done())
 
@@ -57,12 +57,12 @@ def register_model(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
     preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str, judgment: Judgment,
-    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
+    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison, plots: FlyteDirectory,
     runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun,
 ) -> Registered:
     """Every gate passed: log the run, register both models, move the alias (compare-and-set)."""
     return _log(True, "register_model", cfg, info, fingerprint, report, quarantined, profile, report_files, history,
-                preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, runs, data_runs,
+                preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, plots, runs, data_runs,
                 started)
 
 
@@ -71,13 +71,13 @@ def record_candidate(
     cfg: PipelineConfig, info: DatasetInfo, fingerprint: DataFingerprint, report: ValidationReport,
     quarantined: Shards, profile: Profile, report_files: FlyteDirectory, history: TrainHistory,
     preflight: PreflightReport, weights: FlyteFile, fp32: EvalMetrics, test_sha256: str, judgment: Judgment,
-    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison,
+    int8_weights: FlyteFile, int8: EvalMetrics, comparison: Comparison, plots: FlyteDirectory,
     runs: list[TaskRun], data_runs: list[TaskRun], started: TaskRun,
 ) -> Registered:
     """A gate failed: log the run and both models (LoggedModels), register no version."""
     return _log(False, "record_candidate", cfg, info, fingerprint, report, quarantined, profile, report_files,
-                history, preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, runs,
-                data_runs, started)
+                history, preflight, weights, fp32, test_sha256, judgment, int8_weights, int8, comparison, plots,
+                runs, data_runs, started)
 
 
 @task(cache=False, **TASK, requests=SMALL)

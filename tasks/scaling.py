@@ -42,7 +42,7 @@ from flyscale.shards import Shards
 from flyscale.training import TrainHistory
 from tasks import resources
 from tasks.common import DECKS, SMALL, TASK
-from tasks.elastic import LocalSafeElastic, launcher_environment, training_retries, worker_start_method
+from tasks.elastic import LocalSafeElastic, elastic_launcher, launcher_environment, training_retries
 from tasks.train import Trained, train_model
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,7 @@ def worker_counts() -> list[int]:
 def _launcher(workers: int) -> LocalSafeElastic:
     """One node of `workers` torch-elastic processes, whatever launcher the pipeline registers
     with: the study's worker count is its own, not FLYSCALE_NNODES x FLYSCALE_NPROC_PER_NODE."""
-    return LocalSafeElastic(
-        nnodes=1, nproc_per_node=workers, rdzv_configs={"timeout": 120, "join_timeout": 120},
-        max_restarts=int(launcher_environment()["FLYSCALE_MAX_RESTARTS"]),
-        start_method=worker_start_method(workers), monitor_interval=0.1, increase_shared_mem=False,
-    )
+    return elastic_launcher(1, workers, int(launcher_environment()["FLYSCALE_MAX_RESTARTS"]))
 
 
 def _train_point(threads: int, **inputs) -> Trained:

@@ -59,7 +59,8 @@ def train_model(
     run = TaskRun.start("train_model")
     with lost_peers_retryable(), distributed.process_group(timeout_s=recovery.collective_timeout_s) as ctx:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        model = artifacts.build_model(model_cfg, info)
+        # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
+        model = artifacts.build_model(model_cfg, info, meta=artifacts.wants_meta_model(cfg))
         strategy, options = artifacts.strategy(cfg)
         live = None
         if ctx.is_main:

@@ -9,10 +9,12 @@ rank 0's Deck)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +22,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flyscale.report import DECK_PLOTS
 from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import NIGHTLY, run_pipeline
 
@@ -56,6 +59,14 @@ def _check_the_first_run(out: str, client: MlflowClient, tmp_path) -> str:
     artifacts = {a.path for a in client.list_artifacts(run_id, "plots")}
     assert artifacts == {"plots/confusion_fp32.png", "plots/confusion_int8.png", "plots/reliability_fp32.png",
                          "plots/learning_curves.png", "plots/latency.png"}
+    # Drawn once, by the quantize task: its Deck shows the very files the run has, byte for byte.
+    decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
+    evaluation = [d for d in decks if "<h3>Evaluation on the test split</h3>" in d]
+    assert len(evaluation) == 1, f"{len(decks)} deck files, {len(evaluation)} Evaluation decks"
+    shown = dict(re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', evaluation[0]))
+    for alt, name in DECK_PLOTS.items():
+        logged = Path(client.download_artifacts(run_id, f"plots/{name}", str(tmp_path))).read_bytes()
+        assert base64.b64decode(shown[alt]) == logged, f"the Deck's {alt} is not the run's plots/{name}"
     assert metrics["test_latency_p99_ms_b64"] >= metrics["test_latency_p50_ms_b64"] > 0
     assert metrics["test_int8_speedup_b64"] > 0 and 0 <= metrics["test_ece"] <= 1
     # The latency table as MLflow's UI shows it (log_table's JSON: columns and rows).

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from flyscale import latency, plots
 from flyscale.evaluation import CALIBRATION_BINS, EvalMetrics, evaluate_batches, higher_is_better, reliability
 from flyscale.latency import LatencyReport, measure, measure_side_by_side
 from flyscale.training import EpochMetrics, TrainHistory
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -302,14 +305,29 @@ def test_the_plots_write_pngs_and_leave_no_figure_open(tmp_path):
         plots.reliability_diagram(evaluate_logits(rows), "fp32 test", str(tmp_path / "reliability.png")),
         plots.learning_curves(history, str(tmp_path / "curves.png")),
         plots.latency_plot(reports, str(tmp_path / "latency.png")),
+        plots.confusion_matrix([[5, 1], [0, 4]], "fp32 test confusion", str(tmp_path / "confusion.png")),
         # Nothing to draw still gives a picture that says so.
         plots.reliability_diagram(EvalMetrics(0.9, 0.9, 0.3, 1, [[1]], 1), "old", str(tmp_path / "empty.png")),
     ]
     assert all(isinstance(f, Figure) for f in figures)
-    for name in ("reliability", "curves", "latency"):
+    for name in ("reliability", "curves", "latency", "confusion"):
         assert_png(tmp_path / f"{name}.png")
     assert (tmp_path / "empty.png").stat().st_size > 1000
     assert plt.get_fignums() == open_before  # nothing left in pyplot's registry to leak
     titles = [ax.get_title() for ax in figures[0].axes]
     assert any("ECE 0.3600" in t for t in titles)
     assert len(figures[2].axes[0].get_lines()) >= 2  # one line per model
+    matrix = figures[3].axes[0]
+    assert matrix.get_title() == "fp32 test confusion" and len(figures[3].axes) == 2  # the matrix and its colour bar
+    assert [t.get_text() for t in matrix.texts] == ["5", "1", "0", "4"]  # every cell labelled with its count
+
+
+def test_the_confusion_matrix_is_drawn_without_pyplot(tmp_path):
+    # pyplot keeps global state (every figure alive until closed) and costs its import: a fresh
+    # interpreter shows whether drawing a run's figure pulls it in.
+    code = ("import sys; from flyscale import plots; "
+            f"plots.confusion_matrix([[5, 1], [0, 4]], 'fp32', {str(tmp_path / 'c.png')!r}); "
+            "assert 'matplotlib.pyplot' not in sys.modules, 'drawing imported matplotlib.pyplot'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert_png(tmp_path / "c.png")

@@ -13,6 +13,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from flyscale import meta
 from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, process_group, set_epoch
@@ -29,6 +30,7 @@ from flyscale_plugins.strategies.pipeline import (
     train_loader,
 )
 
+WIDE = (256, 256, 256)  # four Linear layers of which the balanced split puts two on each stage
 INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
 RTOL, ATOL = 1e-5, 4e-5
 
@@ -88,9 +90,9 @@ def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: 
     return [torch.load(out_dir / f"rank{r}.pt") for r in range(world)]
 
 
-def _reference_training(data: TrainData, cfg: TrainConfig):
+def _reference_training(data: TrainData, cfg: TrainConfig, model=None):
     """Plain single-process training on the batches the pipeline strategy sees."""
-    model = _mlp(cfg.seed)
+    model = _mlp(cfg.seed) if model is None else model
     step = standard_step(model, make_optimizer(model, cfg), cfg, torch.device("cpu"))
     loader = train_loader(data, cfg, DistContext())
     epochs = []
@@ -124,6 +126,21 @@ def _repeated_steps(ctx: DistContext, x, y, runs: int) -> list[float]:
         stage = build_stage(_mlp(hidden=(32,)), ctx, PipelineOptions(schedule=schedule, microbatches=2))
         losses.append(float(forward_backward(stage, x, y)[0]))
     return losses
+
+
+def _meta_mlp(hidden=WIDE):
+    with torch.device("meta"):  # as the training task builds it for the pipeline strategy
+        return mlp.build(MLPOptions(hidden=list(hidden), dropout=0.0), INFO)
+
+
+def _train_meta(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> dict:
+    model = _meta_mlp()
+    result = pipeline(model, data, cfg, ctx, options)
+    return {
+        "state": {k: v.detach().cpu() for k, v in result.model.state_dict().items() if not v.is_meta},
+        "meta_layers": [i for i, layer in enumerate(result.model) if meta.is_meta(layer)],
+        "state_mb": result.history.state_mb, "epochs": [asdict(m) for m in result.history.epochs],
+    }
 
 
 def _train(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: PipelineOptions, dropout: float) -> dict:
@@ -174,15 +191,73 @@ def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
     rank0, rank1 = _run_distributed(_train, data, cfg, options, 0.0, out_dir=tmp_path)
     alone = _train(DistContext(), data, cfg, options, 0.0)  # world_size 1: one stage, plain steps
 
+    # Rank 1 trained its stage only; rank 0 assembled the whole model.
+    last_stage = set(split_model(_mlp(), 2, [])[1].state_dict())
+    for run, names in ((rank0, ref_model.state_dict()), (rank1, last_stage), (alone, ref_model.state_dict())):
+        for name in names:
+            torch.testing.assert_close(run["state"][name], ref_model.state_dict()[name], rtol=RTOL, atol=ATOL, msg=name)
     for run in (rank0, rank1, alone):
-        for name, ref in ref_model.state_dict().items():
-            torch.testing.assert_close(run["state"][name], ref, rtol=RTOL, atol=ATOL, msg=name)
         for got, (ref_loss, ref_acc) in zip(run["epochs"], ref_epochs, strict=True):
             assert got["train_loss"] == pytest.approx(ref_loss, rel=RTOL, abs=ATOL)
             assert got["train_accuracy"] == pytest.approx(ref_acc)
         assert run["epochs"][-1]["val_loss"] == pytest.approx(v_loss / v_count, rel=RTOL, abs=ATOL)
         assert run["epochs"][-1]["val_accuracy"] == pytest.approx(v_correct / v_count)
     assert rank0["world"] == 2 and alone["world"] == 1
+
+
+@pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+def test_meta_built_stages_hold_only_their_layers_and_train_as_one_process(tmp_path):
+    """Built on the meta device, each rank materialises only its stage: it never holds the other
+    stage's layers, its parameters, gradients and AdamW state are at most 0.6x the whole model's,
+    and rank 0 assembles at the end the weights one process trains from the same initial weights."""
+    data = _toy_data()
+    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=0.05,
+                      track_train_accuracy=True)
+    options = PipelineOptions(schedule="gpipe", microbatches=4)
+    ref_model, ref_epochs = _reference_training(data, cfg, meta.materialise(_meta_mlp(), "cpu", cfg.seed))
+
+    rank0, rank1 = _run_distributed(_train_meta, data, cfg, options, out_dir=tmp_path)
+    alone = _train_meta(DistContext(), data, cfg, options)
+
+    assert rank1["meta_layers"] == [0, 3]  # stage 0's two Linear layers: never held on rank 1
+    assert rank0["meta_layers"] == [] and alone["meta_layers"] == []  # assembled on rank 0
+    for run in (rank0, alone):
+        assert set(run["state"]) == set(ref_model.state_dict())
+        for name, ref in ref_model.state_dict().items():
+            torch.testing.assert_close(run["state"][name], ref, rtol=RTOL, atol=ATOL, msg=name)
+    for got, (ref_loss, _) in zip(rank0["epochs"], ref_epochs, strict=True):
+        assert got["train_loss"] == pytest.approx(ref_loss, rel=RTOL, abs=ATOL)
+    whole = alone["state_mb"][0]
+    params = sum(p.numel() for p in ref_model.parameters()) * 4 / 2**20
+    assert whole == pytest.approx(4 * params, rel=0.01)  # weights, gradients, AdamW's two moments
+    assert len(rank0["state_mb"]) == 2 and rank0["state_mb"] == rank1["state_mb"]  # every rank's, everywhere
+    assert max(rank0["state_mb"]) <= 0.6 * whole
+    assert sum(rank0["state_mb"]) == pytest.approx(whole, rel=0.01)  # split, nothing held twice
+
+
+def test_a_layer_that_cannot_initialise_itself_is_named():
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(64))
+
+        def forward(self, x):
+            return x * self.weight
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), Scale(), torch.nn.Linear(64, 10))
+    with pytest.raises(TypeError, match=r"layer 1, a Scale, .*no reset_parameters"):
+        meta.materialise(model, "cpu", seed=0)
+
+
+def test_materialised_layers_do_not_depend_on_which_others_are():
+    alone = meta.materialise(_meta_mlp(), "cpu", seed=5, layers=[6])
+    every = meta.materialise(_meta_mlp(), "cpu", seed=5)
+    other = meta.materialise(_meta_mlp(), "cpu", seed=6)
+    assert [i for i, layer in enumerate(alone) if meta.is_meta(layer)] == [0, 3, 9]  # the other Linear layers
+    torch.testing.assert_close(alone[6].weight, every[6].weight, rtol=0, atol=0)
+    assert not torch.equal(every[6].weight, other[6].weight)
+    assert not torch.equal(every[0].weight[:, :10], every[3].weight[:, :10])  # each layer its own draw
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine

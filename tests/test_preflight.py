@@ -74,7 +74,9 @@ def _preflight_on_rank(cases: list[tuple[str, dict]], steps: int = 5) -> list:
             fn, options = cfg.plugin.plugin, cfg.plugin.options
             try:
                 out.append((run_preflight(
-                    lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg,
+                    # As the preflight task builds it: on the meta device for the pipeline strategy.
+                    lambda: artifacts.build_model(MODEL, digits.info(None), meta=artifacts.wants_meta_model(cfg)),
+                    _digits(), cfg,
                     PreflightConfig(enabled=True, steps=steps), ctx, fn, options,
                 ), None))
             except ValueError as exc:

@@ -147,9 +147,19 @@ def test_two_concurrent_runs_keep_their_checkpoints_apart(tmp_path, uninterrupte
         out = tmp_path / name
         runs.append((out, _launch(out, "ddp", 1, env=env), run_directory(str(base), "local", started_at)))
     assert runs[0][2] != runs[1][2]
-    for out, proc, own in runs:
-        _wait_for(lambda: _newest_step(own) >= 2 * EVERY, proc, out)
-        os.kill(int((out / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+    # Each is killed as soon as it has two checkpoints, watched side by side: waiting for one
+    # first could let the other, on a busy machine, finish before its turn.
+    alive = list(runs)
+    deadline = time.monotonic() + 120
+    while alive:
+        for out, proc, own in list(alive):
+            if _newest_step(own) >= 2 * EVERY:
+                os.kill(int((out / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+                alive.remove((out, proc, own))
+            else:
+                assert proc.poll() is None, f"{out.name} ended before its fault:\n{(out / 'log.txt').read_text()[-3000:]}"
+        assert time.monotonic() < deadline, "timed out waiting for the runs' checkpoints"
+        time.sleep(0.01)
     histories = [_finish(proc, out) for out, proc, _ in runs]
     for (out, _, own), history in zip(runs, histories):
         assert history["resumed_from_step"] >= 2 * EVERY and history["resumed_from"].startswith(str(own)), history

@@ -40,9 +40,10 @@ def test_deck_without_epochs_says_so():
     assert "No epochs" in learning_curves_html(TrainHistory(strategy="ddp", world_size=1))
 
 
-def test_the_evaluation_deck_shows_both_models_latency_and_four_plots():
+def test_the_evaluation_deck_shows_both_models_latency_and_four_plots(tmp_path):
     import torch
 
+    from flyscale import plots
     from flyscale.comparison import compare
     from flyscale.evaluation import evaluate
     from flyscale.report import evaluation_html
@@ -53,9 +54,16 @@ def test_the_evaluation_deck_shows_both_models_latency_and_four_plots():
     fp32 = evaluate(model, x, y, 3)
     int8_model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     int8 = evaluate(int8_model, x, y, 3)
-    page = evaluation_html(fp32, int8, compare(model, int8_model, "dynamic_int8", fp32, int8, 4))
+    comparison = compare(model, int8_model, "dynamic_int8", fp32, int8, 4)
+    folder = plots.draw_run(str(tmp_path), fp32, int8, comparison, _history())
+    # Every figure of the run, once, under the names the MLflow run gives them.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(plots.RUN_PLOTS)
+    page = evaluation_html(fp32, int8, comparison, folder)
     pngs = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
     assert [alt for alt, _ in pngs] == ["fp32 confusion", "int8 confusion", "reliability", "latency"]
+    # The Deck shows the very files the register task logs, byte for byte.
+    shown = [plots.CONFUSION_FP32, plots.CONFUSION_INT8, plots.RELIABILITY, plots.LATENCY]
+    assert [base64.b64decode(data) for _, data in pngs] == [(tmp_path / name).read_bytes() for name in shown]
     assert all(base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n" for _, data in pngs)
     assert f"{fp32.accuracy:.4f}" in page and "dynamic_int8" in page
     assert page.count("<li>batch") == 4  # 1, 8, 64, 256, each with both models and the speed-up

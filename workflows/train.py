@@ -41,8 +41,9 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
         fingerprint=content, started=started, mlflow_cfg=cfg.mlflow, recovery=cfg.recovery,
     )
     fp32, test_sha256, evaluate_ran = evaluate_model(weights=weights, test=test, info=info, model_cfg=cfg.model)
-    int8_weights, int8, comparison, quantize_ran = quantize_model(
-        weights=weights, train=train, test=test, info=info, model_cfg=cfg.model, cfg=cfg.quantize, fp32=fp32
+    int8_weights, int8, comparison, figures, quantize_ran = quantize_model(
+        weights=weights, train=train, test=test, info=info, model_cfg=cfg.model, cfg=cfg.quantize, fp32=fp32,
+        history=history,
     )
     judgment, passed = gate_model(
         fp32=fp32, int8=int8, comparison=comparison, test_sha256=test_sha256, cfg=cfg.gate, champion_of=cfg.mlflow
@@ -52,7 +53,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:
         cfg=cfg, info=info, fingerprint=content, report=report, quarantined=quarantined, profile=profile,
         report_files=report_files, history=history, preflight=preflight_report, weights=weights, fp32=fp32,
         test_sha256=test_sha256, judgment=judgment, int8_weights=int8_weights, int8=int8, comparison=comparison,
-        runs=ran, data_runs=data_ran, started=started,
+        plots=figures, runs=ran, data_runs=data_ran, started=started,
     )
     # The graph shows which ran: a passing candidate is registered, a failed one only logged.
     summary, register_ran = (

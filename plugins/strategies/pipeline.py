@@ -8,6 +8,7 @@ through the stages with the GPipe or 1F1B schedule. Ranks come only from the `Di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils.data import DataLoader
 
+from flyscale import meta
 from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
@@ -68,8 +70,8 @@ def auto_split_points(model: nn.Sequential, n_stages: int) -> list[int]:
     return points[::-1]
 
 
-def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> list[nn.Sequential]:
-    """The stages as slices of `model`: they share its parameters and keep its layer names."""
+def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> list[int]:
+    """[0, *cut points, len(model)]: stage k is layers bounds[k]:bounds[k+1] of `model`."""
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"the pipeline strategy needs an nn.Sequential model, got {type(model).__name__}")
     if len(model) < n_stages:
@@ -84,12 +86,17 @@ def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> lis
     bounds = [0, *split_points, len(model)]
     if any(not 0 < p < len(model) for p in split_points) or any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"split_points must be strictly increasing in [1, {len(model) - 1}], got {split_points}")
-    stages = [model[a:b] for a, b in zip(bounds, bounds[1:])]
-    for k, stage in enumerate(stages):
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
         # A stage without parameters does no learning and would hand AdamW an empty list.
-        if not any(p.requires_grad for p in stage.parameters()):
-            raise ValueError(f"split_points {bounds[1:-1]} leave stage {k} ({stage}) without trainable parameters")
-    return stages
+        if not any(p.requires_grad for p in model[a:b].parameters()):
+            raise ValueError(f"split_points {bounds[1:-1]} leave stage {k} ({model[a:b]}) without trainable parameters")
+    return bounds
+
+
+def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> list[nn.Sequential]:
+    """The stages as slices of `model`: they share its parameters and keep its layer names."""
+    bounds = split_bounds(model, n_stages, split_points)
+    return [model[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -102,11 +109,18 @@ class LocalStage:
     is_last: bool = True
 
 
-def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions) -> LocalStage:
-    """Cut `model` (already on ctx.device) into world_size stages and wrap this rank's in a schedule."""
+def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, seed: int = 0) -> LocalStage:
+    """Cut `model` into world_size stages and wrap this rank's in a schedule.
+
+    A model on the meta device (see flyscale.meta) gets storage and initial weights for this
+    rank's layers only (from `seed`); the other stages stay shapes without storage here. A model
+    already in memory is used as it is.
+    """
     n_stages = ctx.world_size if ctx.distributed else 1
-    stages = split_model(model, n_stages, options.split_points)
-    module = stages[ctx.rank if n_stages > 1 else 0]
+    bounds = split_bounds(model, n_stages, options.split_points)
+    rank = ctx.rank if n_stages > 1 else 0
+    meta.materialise(model, ctx.device, seed, range(bounds[rank], bounds[rank + 1]))
+    module = model[bounds[rank]:bounds[rank + 1]].to(ctx.device)
     if n_stages == 1:
         return LocalStage(module, None)
     if options.schedule == "1f1b" and options.microbatches < n_stages:
@@ -142,14 +156,47 @@ def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> t
     return loss * len(yb), (logits.detach().argmax(1) == yb).sum()
 
 
-def gather_weights(model: nn.Module, stage: LocalStage, ctx: DistContext) -> None:
-    """Load every stage's current weights into this rank's copy of the full model."""
+def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Callable[[], tuple[float, float, float]]:
+    """Validation through the stages: activations travel rank to rank, the last stage scores them.
+
+    No rank ever holds the whole model. Every rank reads every validation row (like training,
+    the first stage as inputs, the last as labels); only the last returns non-zero sums, so the
+    sums over ranks that `fit` takes are exact.
+    """
+
+    @torch.no_grad()
+    def run() -> tuple[float, float, float]:
+        stage.module.eval()
+        loss_sum = correct = count = 0.0
+        for xb, yb in data.val_batches():
+            h = xb.to(ctx.device) if stage.is_first else ctx.recv_tensor(ctx.rank - 1)
+            h = stage.module(h)
+            if not stage.is_last:
+                ctx.send_tensor(h, ctx.rank + 1)
+                continue
+            yb = yb.to(ctx.device)
+            loss_sum += float(F.cross_entropy(h, yb, reduction="sum"))
+            correct += float((h.argmax(1) == yb).sum())
+            count += len(yb)
+        stage.module.train()
+        return loss_sum, correct, count
+
+    return run
+
+
+def assemble(model: nn.Module, stage: LocalStage, ctx: DistContext) -> nn.Module:
+    """The whole trained model on rank 0, from every rank's stage; other ranks' `model` stays partial."""
     # CPU copies: an object gathered over NCCL would otherwise unpickle onto the sender's GPU.
     own = {k: v.detach().cpu() for k, v in stage.module.state_dict().items()}
+    parts = ctx.gather_object(own)
+    if not ctx.is_main:
+        return model
     merged: dict[str, torch.Tensor] = {}
-    for part in ctx.all_gather_object(own):
+    for part in parts:  # a stage keeps the model's layer names ("3.weight"), so the parts fit together as they are
         merged.update(part)  # type: ignore[arg-type]
-    model.load_state_dict(merged)
+    # assign=True: the meta layers take the received tensors as their storage, no copy of an empty model first.
+    model.load_state_dict(merged, assign=True)
+    return model.to(ctx.device)
 
 
 def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
@@ -213,33 +260,31 @@ def pipeline_step(stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: Trai
 def pipeline(
     model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions
 ) -> TrainResult:
-    """Train with pipeline parallelism over world_size stages (or plainly, when running alone)."""
+    """Train with pipeline parallelism over world_size stages (or plainly, when running alone).
+
+    Give it the model on the meta device (the training task does, as `meta_model` asks) and each
+    rank materialises, trains and holds the optimizer state of its own stage only; rank 0 puts
+    the whole model together once, at the end.
+    """
     _check_batches(data, cfg, options)
     _unsupported(cfg)
-    model = model.to(ctx.device)
-    stage = build_stage(model, ctx, options)
+    stage = build_stage(model, ctx, options, seed=cfg.seed)
     # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
     optimizer = make_optimizer(stage.module, cfg, world_size=1)
     loader = train_loader(data, cfg, ctx)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
-    evaluate_full = data.evaluator(model, ctx)
-
-    def evaluate() -> tuple[float, float, float]:
-        # Validate the whole model: each rank gathers all stages' weights, then scores its share.
-        # That moves the model once per epoch, cheap next to an epoch for models this size.
-        gather_weights(model, stage, ctx)
-        return evaluate_full()
-
+    evaluate = stage_evaluator(stage, data, ctx) if stage.schedule is not None else data.evaluator(stage.module, ctx)
     # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
     state = TrainState(stage.module, optimizer, scheduler, sharded=stage.schedule is not None)
     history = fit(
         model, pipeline_step(stage, optimizer, cfg, ctx, scheduler), loader, evaluate, cfg, ctx, "pipeline", optimizer,
         state=state,
     )
-    # After the last gather every rank's model holds all trained stages; rank 0's is the result.
-    return TrainResult(model=model, history=history)
+    return TrainResult(model=assemble(model, stage, ctx) if stage.schedule is not None else model, history=history)
 
 
 pipeline.options_type = PipelineOptions  # type: ignore[attr-defined]
 # `train.batch_size` is the global batch: every stage sees it (the preflight check needs to know).
 pipeline.per_worker_batch = False  # type: ignore[attr-defined]
+# The training task hands it the model on the meta device: each rank materialises only its stage.
+pipeline.meta_model = True  # type: ignore[attr-defined]
