@@ -15,7 +15,7 @@ each epoch. Ranks come only from the `DistContext` the strategy hands in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -131,6 +131,15 @@ class StreamingShards(IterableDataset):
         return batches, x[keep], y[keep]
 
 
+def unit_batches(units: list[Unit], features: list[str], label: str,
+                 batch_size: int = 4096) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The rows of `units`, in order, as (features, labels) CPU tensors of up to `batch_size` rows."""
+    for unit in units:
+        x, y = read_unit(unit, features, label)
+        for start in range(0, len(y), batch_size):
+            yield torch.from_numpy(x[start:start + batch_size]), torch.from_numpy(y[start:start + batch_size])
+
+
 def evaluate_units(model: torch.nn.Module, units: list[Unit], features: list[str], label: str, rank: int,
                    world: int, device: torch.device) -> tuple[float, float, float]:
     """(summed loss, correct, rows) over this rank's disjoint share of the row groups."""
@@ -138,14 +147,11 @@ def evaluate_units(model: torch.nn.Module, units: list[Unit], features: list[str
     model.eval()
     loss_sum = correct = count = 0.0
     with torch.no_grad():
-        for unit in units[rank::world]:
-            x, y = read_unit(unit, features, label)
-            for start in range(0, len(y), 4096):
-                xb = torch.from_numpy(x[start:start + 4096]).to(device)
-                yb = torch.from_numpy(y[start:start + 4096]).to(device)
-                logits = model(xb)
-                loss_sum += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-                correct += float((logits.argmax(1) == yb).sum())
-                count += len(yb)
+        for xb, yb in unit_batches(units[rank::world], features, label):
+            xb, yb = xb.to(device), yb.to(device)
+            logits = model(xb)
+            loss_sum += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+            correct += float((logits.argmax(1) == yb).sum())
+            count += len(yb)
     model.train(was_training)
     return loss_sum, correct, count

@@ -22,7 +22,7 @@ from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
 from flyscale.progress import TrainProgress, train_progress
 from flyscale.step import StepFn
-from flyscale.streaming import Stream, StreamingShards, evaluate_units, read_unit
+from flyscale.streaming import Stream, StreamingShards, evaluate_units, unit_batches
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +167,7 @@ class TrainData:
             for start in range(0, len(self.y_val), batch_size):
                 yield self.x_val[start : start + batch_size], self.y_val[start : start + batch_size]
             return
-        for unit in self.stream.val:
-            x, y = read_unit(unit, self.stream.features, self.stream.label)
-            for start in range(0, len(y), batch_size):
-                yield torch.from_numpy(x[start : start + batch_size]), torch.from_numpy(y[start : start + batch_size])
+        yield from unit_batches(self.stream.val, self.stream.features, self.stream.label, batch_size)
 
     @property
     def train_rows(self) -> int:

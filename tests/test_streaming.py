@@ -169,3 +169,15 @@ def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(
     # Split by where each row came from: the same data always splits the same way.
     again = stream_prep.prepare(r.plugin.chunks(r.options, rows=300), stream_cfg, info, Reference())
     assert (again.train.rows, again.val.rows, again.test.rows) == (prepared.train.rows, prepared.val.rows, prepared.test.rows)
+
+
+def test_validation_batches_hold_every_streamed_row_in_order(tmp_path):
+    """What the pipeline strategy's stages validate on (each rank all of it, the same): every
+    row of the validation shards once, in order, in batches of at most the size asked for."""
+    units = _split(tmp_path)
+    data = TrainData(torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES))
+    batches = list(data.val_batches(batch_size=50))
+    assert all(len(xb) == len(yb) <= 50 for xb, yb in batches)
+    rows = torch.cat([xb[:, 0] for xb, _ in batches]).long()
+    assert rows.tolist() == list(range(1000))
+    assert torch.cat([yb for _, yb in batches]).tolist() == [i % 3 for i in range(1000)]
