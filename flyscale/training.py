@@ -446,8 +446,10 @@ def fit(
             if not math.isfinite(m.train_loss):  # summed over ranks: every rank sees it and stops together
                 raise _diverged(epoch, first_bad, steps_per_epoch, cfg, ctx)
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
+            # The whole model as this rank has it, not only the part it trains (state.module):
+            # layers held in memory but not trained would count too.
             if state is not None and not history.state_mb:
-                history.state_mb = [b / 2**20 for b in ctx.all_gather_object(state_bytes(state.module, state.optimizer))]  # type: ignore[operator]
+                history.state_mb = [b / 2**20 for b in ctx.all_gather_object(state_bytes(model, state.optimizer))]  # type: ignore[operator]
                 if ctx.is_main:
                     log.info("parameters, gradients and optimizer state held per rank: %s MiB",
                              ", ".join(f"{mb:.2f}" for mb in history.state_mb))

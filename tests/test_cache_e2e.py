@@ -98,6 +98,12 @@ def _check_the_pipeline_strategy(proc, out: str, client: MlflowClient, tmp_path)
     assert run.data.metrics["preflight_max_rel_diff"] == pytest.approx(float(match.group(1)), rel=1e-2, abs=1e-12)
     assert "preflight   PASSED: 5 steps at world size 1 vs 2" in out  # and in the summary
     assert re.search(r"^\s+5\s+\d+\.\d+\s+\d+\.\d+", log, re.MULTILINE)  # the table's last step
+    # Each rank held only its stage: the two ranks' weights, gradients and AdamW state add up to
+    # the whole default MLP's once (64-256-128-10: 50,826 parameters x 4 tensors x 4 bytes).
+    held = re.search(r"optimizer state held per rank: ([\d.]+), ([\d.]+) MiB", log)
+    assert held, log[-4000:]
+    per_rank = [float(v) for v in held.groups()]
+    assert sum(per_rank) == pytest.approx(50_826 * 16 / 2**20, abs=0.01) and max(per_rank) < 0.7 * sum(per_rank)
     decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
     curves = [d for d in decks if "<h3>Learning curves</h3>" in d and "20 epochs; last epoch" in d]
     assert curves, f"{len(decks)} deck files, none with the pipeline run's learning curves"
