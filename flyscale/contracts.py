@@ -18,11 +18,13 @@ flyscale converts it where it receives it. Plugin authors who want the types imp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import numpy as np
-import pandas as pd
-from torch import nn
+
+if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry load without torch (3 s)
+    import pandas as pd
+    from torch import nn
 
 
 @dataclass

@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from flyscale.evaluation import batch_score
+
 if TYPE_CHECKING:  # only a type here: importing shards would pull in flytekit for every worker
     from flyscale.shards import Unit
 
@@ -149,9 +151,7 @@ def evaluate_units(model: torch.nn.Module, units: list[Unit], features: list[str
     with torch.no_grad():
         for xb, yb in unit_batches(units[rank::world], features, label):
             xb, yb = xb.to(device), yb.to(device)
-            logits = model(xb)
-            loss_sum += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-            correct += float((logits.argmax(1) == yb).sum())
-            count += len(yb)
+            batch_loss, batch_correct = batch_score(model(xb), yb)
+            loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)
     model.train(was_training)
     return loss_sum, correct, count

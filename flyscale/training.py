@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, TensorDataset
 
 from flyscale.checkpoint import Checkpointer, Position, TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext, set_epoch
+from flyscale.evaluation import batch_score
 from flyscale.progress import TrainProgress, train_progress
 from flyscale.step import StepFn
 from flyscale.streaming import Stream, StreamingShards, evaluate_units, unit_batches
@@ -251,9 +251,8 @@ def evaluate_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ctx: Dist
         for start in range(0, len(idx), batch_size):
             sel = idx[start : start + batch_size]
             xb, yb = x[sel].to(ctx.device), y[sel].to(ctx.device)
-            logits = model(xb)
-            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-            correct += float((logits.argmax(1) == yb).sum())
+            batch_loss, batch_correct = batch_score(model(xb), yb)
+            loss_sum, correct = loss_sum + batch_loss, correct + batch_correct
         model.train(was_training)
         return loss_sum, correct, float(len(idx))
 

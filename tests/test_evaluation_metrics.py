@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import precision_score, recall_score
+from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_score, recall_score
 from torch import nn
 
 from flyscale import latency, plots
@@ -107,7 +107,7 @@ def test_ece_matches_the_textbook_sum_on_random_data():
 # --- precision and recall ----------------------------------------------------------------------
 
 
-def test_per_class_precision_and_recall_match_sklearn():
+def test_per_class_metrics_accuracy_f1_and_confusion_match_sklearn():
     torch.manual_seed(0)
     model = nn.Linear(6, 5)
     with torch.no_grad():
@@ -122,6 +122,11 @@ def test_per_class_precision_and_recall_match_sklearn():
     assert m.recall == pytest.approx(recall_score(y, pred, labels=labels, average=None, zero_division=0).tolist())
     assert m.precision[4] == 0.0 and m.recall[4] == 0.0
     assert len(set(m.precision)) > 2 and m.precision != m.recall  # a real comparison, not all zeros
+    # Our own confusion matrix, accuracy and macro-F1 (scikit-learn's import is not paid per run).
+    assert m.confusion == confusion_matrix(y, pred, labels=labels).tolist()
+    assert m.accuracy == pytest.approx(accuracy_score(y, pred))
+    assert m.macro_f1 == pytest.approx(f1_score(y, pred, labels=labels, average="macro", zero_division=0))
+    assert 0.1 < m.macro_f1 < m.accuracy < 0.9  # neither trivial: class 4 counts as an F1 of 0 in the mean
 
 
 # --- names and directions ------------------------------------------------------------------------

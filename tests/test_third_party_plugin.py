@@ -10,6 +10,8 @@ validation, and the whole pipeline under `pyflyte run`.
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import shutil
@@ -84,56 +86,70 @@ def test_flyscale_plugins_shows_third_party_and_broken_plugins(site):
     assert f"2 broken: models/acme_broken ({DIST}), models/acme_no_build ({DIST})" in proc.stdout
 
 
-CHECK_CONFIG = """
-import sys
+# Every case's config is built in one fresh process (as `pyflyte run` builds a run's): one
+# subprocess for all the cases, not one each (each paid torch's import, 2-3 s).
+CHECK_CONFIGS = """
+import json, sys
 from flyscale.config import DataConfig, GateConfig, ModelConfig
-kind, name, options = sys.argv[1], sys.argv[2], eval(sys.argv[3])
-try:
-    if kind == "data":
-        DataConfig(dataset=name, options=options)
-    else:
-        (ModelConfig if kind == "model" else GateConfig)(name=name, options=options)
-except ValueError as exc:
-    print(exc)
-    sys.exit(3)
-print("valid")
+for kind, name, options in json.loads(sys.argv[1]):
+    try:
+        if kind == "data":
+            DataConfig(dataset=name, options=options)
+        else:
+            (ModelConfig if kind == "model" else GateConfig)(name=name, options=options)
+        print(json.dumps(["valid"]))
+    except ValueError as exc:
+        print(json.dumps(["error", str(exc)]))
 """
+
+CASES = [
+    ("model", "acme_tiny_mlp", "{'width': 32}", ["valid"]),
+    ("gate", "acme_min_f1", "{'threshold': 0.8}", ["valid"]),
+    ("data", "acme_wine", "{}", ["valid"]),
+    ("gate", "acme_max_loss", "{'max_loss': 0.3}", ["valid"]),
+    ("gate", "acme_max_loss", "{'max_loss': 0}", ["gate.options: max_loss must be > 0, got 0"]),
+    # A plugin of the wrong shape is refused when the config is built, naming what it lacks.
+    ("model", "acme_no_build", "{}", [
+        "model.name: model plugin 'acme_no_build' from package 'acme-flyscale-example' "
+        "(acme_flyscale.models:NoBuild) does not fit the models contract: it has no method build(options, info)",
+    ]),
+    # A broken plugin: named, with its package, its error, and what else there is.
+    ("model", "acme_broken", "{}", [
+        "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
+        "acme-cuda-kernels", "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
+    ]),
+    ("model", "resnet9000", "{}", [
+        "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
+    ]),
+    ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric, quantization"]),
+    # The plugin's own options dataclass validates its section, field by field.
+    ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
+    ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; did you mean 'width'? expected one of width"]),
+    ("gate", "acme_min_f1", "{'threshold': 1.5}", ["gate.options: threshold must be in [0, 1], got 1.5"]),
+]
+
+
+@pytest.fixture(scope="module")
+def validated(site) -> list[list[str]]:
+    """What building each case's config printed, in CASES order."""
+    proc = _python(site, "-c", CHECK_CONFIGS, json.dumps([(k, n, ast.literal_eval(o)) for k, n, o, _ in CASES]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert len(results) == len(CASES), proc.stdout + proc.stderr
+    return results
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    "kind, name, options, expected",
-    [
-        ("model", "acme_tiny_mlp", "{'width': 32}", ["valid"]),
-        ("gate", "acme_min_f1", "{'threshold': 0.8}", ["valid"]),
-        ("data", "acme_wine", "{}", ["valid"]),
-        ("gate", "acme_max_loss", "{'max_loss': 0.3}", ["valid"]),
-        ("gate", "acme_max_loss", "{'max_loss': 0}", ["gate.options: max_loss must be > 0, got 0"]),
-        # A plugin of the wrong shape is refused when the config is built, naming what it lacks.
-        ("model", "acme_no_build", "{}", [
-            "model.name: model plugin 'acme_no_build' from package 'acme-flyscale-example' "
-            "(acme_flyscale.models:NoBuild) does not fit the models contract: it has no method build(options, info)",
-        ]),
-        # A broken plugin: named, with its package, its error, and what else there is.
-        ("model", "acme_broken", "{}", [
-            "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
-            "acme-cuda-kernels", "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
-        ]),
-        ("model", "resnet9000", "{}", [
-            "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
-        ]),
-        ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric, quantization"]),
-        # The plugin's own options dataclass validates its section, field by field.
-        ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
-        ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; did you mean 'width'? expected one of width"]),
-        ("gate", "acme_min_f1", "{'threshold': 1.5}", ["gate.options: threshold must be in [0, 1], got 1.5"]),
-    ],
-)
-def test_config_validation_with_third_party_plugins(site, kind, name, options, expected):
-    proc = _python(site, "-c", CHECK_CONFIG, kind, name, options)
-    assert proc.returncode == (0 if expected == ["valid"] else 3), proc.stdout + proc.stderr
-    for text in expected:
-        assert text in proc.stdout, proc.stdout + proc.stderr
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{k}-{n}-{o}" for k, n, o, _ in CASES])
+def test_config_validation_with_third_party_plugins(validated, case):
+    expected = CASES[case][3]
+    verdict = validated[case]
+    if expected == ["valid"]:
+        assert verdict == ["valid"]
+    else:
+        assert verdict[0] == "error", verdict
+        for text in expected:
+            assert text in verdict[1], verdict[1]
 
 
 @pytest.mark.timeout(300)

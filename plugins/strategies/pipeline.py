@@ -20,6 +20,7 @@ from flyscale import meta
 from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
 from flyscale.distributed import DistContext
+from flyscale.evaluation import batch_score
 from flyscale.step import StepFn, make_optimizer, make_scheduler
 from flyscale.training import TrainData, TrainResult, fit
 
@@ -174,10 +175,8 @@ def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Cal
             if not stage.is_last:
                 ctx.send_tensor(h, ctx.rank + 1)
                 continue
-            yb = yb.to(ctx.device)
-            loss_sum += float(F.cross_entropy(h, yb, reduction="sum"))
-            correct += float((h.argmax(1) == yb).sum())
-            count += len(yb)
+            batch_loss, batch_correct = batch_score(h, yb.to(ctx.device))
+            loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)
         stage.module.train()
         return loss_sum, correct, count
 
