@@ -80,23 +80,31 @@ def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
     return [results[r] for r in range(world)]
 
 
-def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict[str, float]:
-    """Median per-epoch seconds of each run, alternating them so machine drift hits all alike."""
+def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict[str, list[float]]:
+    """Every per-epoch time of each run, alternating the runs so that machine drift hits all alike."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
             times[name] += run()
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
-def report(title: str, baseline: str, candidates: list[str], rows: dict[str, dict[str, float]], goal: float) -> None:
-    """One line per model and candidate: both timings and candidate/baseline."""
+def report(title: str, baseline: str, candidates: list[str], rows: dict[str, dict[str, list[float]]], goal: float) -> None:
+    """One line per model and candidate: the fastest epoch of each and their ratio, judged
+    against `goal`, with the ratio of the medians beside it.
+
+    The fastest, as `timeit` takes it: on these shared cores another tenant's work only ever
+    adds time to an epoch (medians of one loop swing by 10-20% from run to run here), so the
+    fastest of many epochs is the closest measure of what the code itself costs.
+    """
     print(title)
     for model, t in rows.items():
         for candidate in candidates:
-            ratio = t[candidate] / t[baseline]
+            ratio = min(t[candidate]) / min(t[baseline])
+            median_ratio = statistics.median(t[candidate]) / statistics.median(t[baseline])
             verdict = f"(goal <= {goal:.2f}: {'met' if ratio <= goal else 'NOT met'})"
             print(
-                f"  {model:<24} {baseline} {t[baseline] * 1000:7.1f} ms/epoch   {candidate} "
-                f"{t[candidate] * 1000:7.1f} ms/epoch   ratio {ratio:.3f} {verdict}"
+                f"  {model:<24} {baseline} {min(t[baseline]) * 1000:7.1f} ms/epoch   {candidate} "
+                f"{min(t[candidate]) * 1000:7.1f} ms/epoch   ratio {ratio:.3f} {verdict}   "
+                f"medians' ratio {median_ratio:.3f} ({len(t[candidate])} epochs each)"
             )
