@@ -1,8 +1,9 @@
 """Data-parallel efficiency: two DDP workers of one thread each against one process with both
 threads, on the compute-bound config (bench_compute's wide MLP), at the same global batch.
 
-Both run flyscale's ddp strategy; throughput is the trainer's own global samples/s (median epoch
-after the first). Goal: two workers >= 0.9x the one process. The default digits MLP is shown
+Both run flyscale's ddp strategy; throughput is the trainer's own global samples/s, of the fastest
+epoch after the first of each (benchmarks.common.report says why the fastest), with the medians'
+ratio beside it. Goal: two workers >= 0.9x the one process. The default digits MLP is shown
 too: there two workers are slower (communication-bound at that size), which is what the
 training's data-parallel warning says when it sees it.
 """
@@ -29,20 +30,20 @@ CONFIGS = {
 }
 
 
-def _samples_per_s(ctx: DistContext, features: int, hidden: list[int], per_worker_batch: int) -> float:
+def _samples_per_s(ctx: DistContext, features: int, hidden: list[int], per_worker_batch: int) -> list[float]:
     data, info = synthetic(features, ROWS, CLASSES)
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp", options={"hidden": hidden, "dropout": 0.0}), info)
     cfg = TrainConfig(epochs=EPOCHS, batch_size=per_worker_batch, seed=0)
     history = ddp(model, data, cfg, ctx, DDPOptions()).history
-    return statistics.median(m.samples_per_s for m in history.epochs[1:])
+    return [m.samples_per_s for m in history.epochs[1:]]
 
 
-def two_workers(features: int, hidden: list[int], global_batch: int) -> float:
+def two_workers(features: int, hidden: list[int], global_batch: int) -> list[float]:
     return on_ranks(_samples_per_s, features, hidden, global_batch // 2)[0]  # rank 0's rate is the global one
 
 
-def one_process(features: int, hidden: list[int], global_batch: int) -> float:
+def one_process(features: int, hidden: list[int], global_batch: int) -> list[float]:
     torch.set_num_threads(2)
     return _samples_per_s(DistContext(), features, hidden, global_batch)
 
@@ -53,13 +54,14 @@ def main() -> None:
     for name, (features, hidden, batch) in CONFIGS.items():
         ones, twos = [], []
         for _ in range(2):  # interleaved
-            ones.append(one_process(features, hidden, batch))
-            twos.append(two_workers(features, hidden, batch))
-        one, two = statistics.median(ones), statistics.median(twos)
+            ones += one_process(features, hidden, batch)
+            twos += two_workers(features, hidden, batch)
+        one, two = max(ones), max(twos)
         ratio = two / one
+        medians = statistics.median(twos) / statistics.median(ones)
         verdict = f"(goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})" if "compute" in name else "(for scale)"
-        print(f"  {name:<26} global batch {batch:4d}: 1 process {one:8.0f} samples/s   2 workers {two:8.0f} samples/s   "
-              f"ratio {ratio:.3f} {verdict}")
+        print(f"  {name:<26} global batch {batch:4d}: 1 process {one:8.0f} samples/s   2 workers {two:8.0f} samples/s (fastest epochs)   "
+              f"ratio {ratio:.3f} {verdict}   medians' ratio {medians:.3f}")
 
 
 if __name__ == "__main__":
