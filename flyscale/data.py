@@ -92,7 +92,7 @@ def _stratified(labels: np.ndarray, fraction: float, rng: np.random.Generator) -
     """
     classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     if counts.min() < 2:
-        raise ValueError(f"label {classes[counts.argmin()]!r} has only 1 row: a stratified split needs at least 2 rows "
+        raise ValueError(f"label {classes[counts.argmin()].item()!r} has only 1 row: a stratified split needs at least 2 rows "
                          "of every label; drop the label or add rows")
     n_out = math.ceil(fraction * len(labels))
     share = counts * n_out / len(labels)

@@ -70,6 +70,16 @@ def test_split_is_stratified_seeded_and_disjoint(digits):
     assert not train["uid"].equals(other[0]["uid"])
 
 
+def test_split_holds_out_whole_shares_and_names_a_label_too_rare_to_split(digits):
+    frame = digits[0]
+    train, val, test = data.split(frame, DataConfig())
+    # ceil(0.2 x 1797) held out for test, then ceil(0.15 / 0.8 x the rest) for validation.
+    assert (len(train), len(val), len(test)) == (1167, 270, 360)
+    lonely = pd.concat([frame[frame["label"] != 9], frame[frame["label"] == 9].head(1)])
+    with pytest.raises(ValueError, match="label 9 has only 1 row"):
+        data.split(lonely, DataConfig())
+
+
 def test_augment_is_deterministic_in_range_and_keeps_originals(digits):
     frame, info = digits
     train = frame.head(200)
