@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from tests.conftest import mlflow_server_at  # the server the tests start, started the same way
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -36,29 +36,6 @@ def _pyflyte(home: Path, uri: str) -> float:
     return seconds
 
 
-@contextlib.contextmanager
-def _mlflow_server(root: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'server.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(240):
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"{uri}/health", timeout=2)
-                break
-            time.sleep(0.5)
-        yield uri
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 def measure(uri_for) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -72,7 +49,7 @@ def main() -> None:
     print(f"bench_cache: a cached rerun of `pyflyte run ... training_pipeline` against the uncached run (goal <= {GOAL})")
     stores = {
         "sqlite store": lambda root: contextlib.nullcontext(f"sqlite:///{root / 'mlflow.db'}"),
-        "mlflow server": _mlflow_server,
+        "mlflow server": mlflow_server_at,
     }
     for name, uri_for in stores.items():
         uncached, cached = measure(uri_for)

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import free_port, serve  # the servers the tests start, started the same way
+from tests.conftest import mlflow_server_at  # the server the tests start, started the same way
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = ("workflows/train.py", "training_pipeline")
@@ -120,11 +120,7 @@ def main() -> None:
         # imports); against a tracking server, as a team runs it, the client speaks REST.
         server_root = root / "server"
         server_root.mkdir()
-        uri = f"http://127.0.0.1:{free_port()}"
-        cmd = [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
-               f"sqlite:///{server_root / 'mlflow.db'}", "--artifacts-destination", str(server_root / "artifacts"),
-               "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1], "--workers", "1"]
-        with serve(cmd, f"{uri}/health", server_root / "server.log", timeout=120):
+        with mlflow_server_at(server_root) as uri:
             timed_run(root / "fill.json", root / "home-server", uri, *PIPELINE)  # the cache the cached runs hit
             served = _runs(root, uri, floor_file, home=root / "home-server")
         print(_line("cached, MLflow server", _median(served["cached"]), _median(served["floor"]), GOALS["cached"]))

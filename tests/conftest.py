@@ -49,10 +49,10 @@ def serve(cmd: list[str], ready_url: str, log: Path, timeout: float) -> Iterator
             proc.kill()
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server with a SQLite backend; yields its URI."""
-    root = tmp_path_factory.mktemp("mlflow-server")
+@contextlib.contextmanager
+def mlflow_server_at(root: Path) -> Iterator[str]:
+    """A real MLflow tracking server with a SQLite backend, its files under `root`, until the
+    block ends; yields its URI. (The benchmarks start theirs with this too.)"""
     uri = f"http://127.0.0.1:{free_port()}"
     cmd = [
         str(BIN / "mlflow"), "server",
@@ -61,6 +61,13 @@ def mlflow_server(tmp_path_factory):
         "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1], "--workers", "1",
     ]
     with serve(cmd, f"{uri}/health", root / "server.log", timeout=120):
+        yield uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server for the session; yields its URI."""
+    with mlflow_server_at(tmp_path_factory.mktemp("mlflow-server")) as uri:
         yield uri
 
 
