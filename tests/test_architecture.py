@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,3 +132,13 @@ def test_tasks_are_cached_except_those_that_read_live_state():
     assert len(tasks) == 15  # both data branches, both publish branches
     uncached = {name for name, t in tasks.items() if not t.metadata.cache}
     assert uncached == set(ALWAYS_RUN) == {"fingerprint_data", "read_reference", "gate_model", "summarize"}
+
+
+def test_configs_and_the_plugin_registry_load_without_torch():
+    """`flyscale plugins`, config checks and `pyflyte run`'s config parsing start with these:
+    torch (3 s) is imported by the plugins that need it, not by the contracts' annotations."""
+    probe = ("import sys, flyscale.config, flyscale.registry, flyscale.cli; "
+             "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+

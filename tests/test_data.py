@@ -21,6 +21,21 @@ def test_digits_loads_without_network(digits):
     assert frame.shape == (1797, 65) and info.num_classes == 10 and info.input_shape == [1, 8, 8]
 
 
+def test_digits_are_scikit_learns_rows_read_without_importing_it(digits):
+    """flyscale reads the file scikit-learn ships (its import costs a run 2-3 s): the same rows."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    np.testing.assert_array_equal(digits[0].drop(columns="label").to_numpy(), bunch.data.astype("float32"))
+    np.testing.assert_array_equal(digits[0]["label"].to_numpy(), bunch.target)
+    probe = ("import sys; from flyscale import data; from flyscale.config import DataConfig; data.load(DataConfig()); "
+             "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
 def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(digits):
     frame = digits[0].copy()
     frame.loc[3, "pixel_5"] = 99.0
