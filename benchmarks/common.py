@@ -81,11 +81,16 @@ def on_ranks(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
 
 
 def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict[str, list[float]]:
-    """Every per-epoch time of each run, alternating the runs so that machine drift hits all alike."""
+    """Every per-epoch time of each run, alternating the runs so that machine drift hits all alike.
+
+    Each round starts one run later than the last (a, b, c; b, c, a; ...): the run that follows
+    another can find its caches and allocator as that one left them, and no run should always
+    be the one that goes first."""
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name] += run()
+    names = list(runs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            times[name] += runs[name]()
     return times
 
 

@@ -307,8 +307,9 @@ class TrainingDiverged(ValueError):
     """The training loss became NaN or infinite: the run stops instead of training on garbage."""
 
 
-# After each step: (batch number in the epoch, per-step losses, hits, rows, wait s, busy s so far).
-AfterStep = Callable[[int, list, list, int, float, float], None]
+# After each step: (batch number in the epoch, per-step summed losses (a callable: they are
+# only worked out when a checkpoint is written), hits, rows, wait s, busy s so far).
+AfterStep = Callable[[int, Callable[[], list[float]], list, int, float, float], None]
 
 
 def _train_epoch(
@@ -323,12 +324,15 @@ def _train_epoch(
     `after_step` sees where the epoch stands after every step (fit decides whether to save).
     """
     # Per-step values stay on the device as a list: no kernel per step, one reduction per epoch.
+    # A step's loss is its mean over `weights[i]` rows.
     losses: list[torch.Tensor] = []
+    weights: list[int] = []
     hits: list[torch.Tensor] = []
     count, wait, carried_seconds, skip = 0, 0.0, 0.0, 0
     if position is not None and position.batch:
         skip = position.batch
-        losses = [torch.tensor(v, device=ctx.device) for v in position.losses]
+        losses = [torch.tensor(v, device=ctx.device) for v in position.losses]  # sums: weight 1
+        weights = [1] * len(losses)
         hits = [torch.tensor(v, device=ctx.device) for v in position.hits]
         count, wait, carried_seconds = position.rows, position.wait, position.seconds
     if bar is not None:
@@ -340,25 +344,33 @@ def _train_epoch(
             bar.step(0)
     if skip and resumed is not None:
         resumed()  # the RNG as it stood when the checkpoint was written, at this very batch
+    def summed() -> list[float]:
+        return [float(v) * w for v, w in zip(losses, weights)]
+
+    move = ctx.device.type != "cpu"  # batches are made on the CPU
     start = tick = time.perf_counter()
     for batch, (xb, yb) in enumerate(batches, start=skip + 1):
         wait += time.perf_counter() - tick
-        xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
+        if move:
+            xb, yb = xb.to(ctx.device, non_blocking=True), yb.to(ctx.device, non_blocking=True)
         batch_loss, batch_correct, rows = step(xb, yb)
         losses.append(batch_loss)
+        weights.append(rows)
         if batch_correct is not None:
             hits.append(batch_correct)
         count += rows
         if bar is not None:
             bar.step(len(yb))
         if after_step is not None:
-            after_step(batch, losses, hits, count, wait, carried_seconds + time.perf_counter() - start)
+            after_step(batch, summed, hits, count, wait, carried_seconds + time.perf_counter() - start)
         tick = time.perf_counter()
     per_step = torch.stack(losses) if losses else torch.zeros(0, device=ctx.device)
-    loss_sum = float(per_step.sum())  # the one device sync of the epoch
+    # The one device sync of the epoch. A step off a pipeline's last stage has mean 0 over 0 rows.
+    loss_sum = float(per_step @ torch.tensor(weights, dtype=per_step.dtype, device=ctx.device)) if losses else 0.0
     first_bad = -1
     if not math.isfinite(loss_sum):
-        first_bad = int(torch.nonzero(~torch.isfinite(per_step))[0])
+        bad = torch.nonzero(~torch.isfinite(per_step))
+        first_bad = int(bad[0]) if len(bad) else -1  # -1: only the weighted sum overflowed
     # None when no step tracked accuracy: unknown is not zero, and is not logged as a number.
     correct = float(torch.stack(hits).sum()) if hits else None
     return loss_sum, correct, count, wait, carried_seconds + time.perf_counter() - start, first_bad
@@ -415,10 +427,11 @@ def fit(
     steps_per_epoch = len(loader)
     done = [position.step]  # optimizer steps taken so far, over every attempt
 
-    def after_step(batch: int, losses: list, hits: list, rows: int, wait: float, seconds: float) -> None:
+    def after_step(batch: int, losses: Callable[[], list[float]], hits: list, rows: int, wait: float,
+                   seconds: float) -> None:
         done[0] += 1
         if ckpt is not None and ckpt.due(done[0], ctx):
-            at = Position(step=done[0], epoch=epoch, batch=batch, losses=[float(v) for v in losses],
+            at = Position(step=done[0], epoch=epoch, batch=batch, losses=losses(),
                           hits=[float(v) for v in hits], rows=rows, wait=wait, seconds=seconds,
                           history=[vars(m).copy() for m in history.epochs])
             ckpt.save(state, at, ctx, strategy)  # type: ignore[arg-type]

@@ -52,6 +52,17 @@ def test_grad_accumulation_of_k_microbatches_equals_one_full_batch():
         torch.testing.assert_close(acc[name], ref[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("k", [1, 4])
+def test_a_step_reports_its_batchs_mean_loss(k):
+    # A last batch of 30 rows in 4 micro-batches is 8, 8, 8 and 6: unequal shares, weighted by rows.
+    model, (x, y) = _mlp(), _batch(30)
+    expected = F.cross_entropy(model(x), y).detach()  # before the step updates the weights
+    cfg = TrainConfig(batch_size=32, grad_accum_steps=k, track_train_accuracy=True)
+    loss, correct, rows = standard_step(model, make_optimizer(model, cfg), cfg, CPU)(x, y)
+    torch.testing.assert_close(loss, expected)
+    assert rows == 30 and 0 <= int(correct) <= 30
+
+
 def _linear_dtypes(model) -> list[torch.dtype]:
     """Record the dtype every Linear layer computes in, while the hooks are attached."""
     seen: list[torch.dtype] = []

@@ -138,13 +138,13 @@ def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, se
 
 
 def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gradients of one global batch; (summed loss, correct) as 0-d tensors, zeros off the last stage."""
+    """Gradients of one global batch; (mean loss, correct) as 0-d tensors, zeros off the last stage."""
     # Tensors, not floats, like StepFn: a float() per step would stall a GPU on every batch.
     if stage.schedule is None:
         logits = stage.module(xb)
         loss = F.cross_entropy(logits, yb)
         loss.backward()
-        return loss.detach() * len(yb), (logits.detach().argmax(1) == yb).sum()
+        return loss.detach(), (logits.detach().argmax(1) == yb).sum()
     losses: list[torch.Tensor] = []
     # Only the first stage feeds inputs and only the last one sees targets; the others relay.
     args = (xb,) if stage.is_first else ()
@@ -154,7 +154,7 @@ def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> t
         zero = torch.zeros((), device=xb.device)
         return zero, zero.long()
     loss = torch.stack([l.detach() for l in losses]).mean()
-    return loss * len(yb), (logits.detach().argmax(1) == yb).sum()
+    return loss, (logits.detach().argmax(1) == yb).sum()
 
 
 def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Callable[[], tuple[float, float, float]]:
@@ -244,14 +244,14 @@ def pipeline_step(stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: Trai
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         optimizer.zero_grad(set_to_none=True)
-        loss_sum, correct = forward_backward(stage, xb, yb)
+        loss, correct = forward_backward(stage, xb, yb)
         if cfg.grad_clip_norm > 0:
             clip_global_grad_norm(stage, cfg.grad_clip_norm, ctx)
         optimizer.step()
         if scheduler is not None:
             scheduler.step()
         # Every stage saw the same rows; only the last one accounts for them (it has the loss).
-        return loss_sum, correct, len(yb) if stage.is_last or stage.schedule is None else 0
+        return loss, correct, len(yb) if stage.is_last or stage.schedule is None else 0
 
     return step
 
