@@ -39,7 +39,7 @@ from flyscale import meta
 from flyscale.config import PreflightConfig, TrainConfig
 from flyscale.distributed import DistContext
 from flyscale.step import make_optimizer, make_scheduler, standard_step
-from flyscale.training import TrainData, TrainHistory, evaluate_split, fit, make_loader
+from flyscale.training import TrainData, TrainHistory, data_parallel_knobs, evaluate_split, fit, make_loader
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +155,7 @@ def slower_with_workers(report: PreflightReport, cfg: TrainConfig) -> str:
         f"data parallelism makes this run slower: {report.world_size} workers train {group:,.0f} samples/s against "
         f"{one:,.0f} for one process with the same cores ({group / one:.2f}x), measured over the preflight's "
         f"{report.steps} steps. Likely communication-bound at this model size and batch (gradient all-reduces in flight "
-        f"{report.grad_comm_fraction:.0%} of each step). Knobs: a larger batch per worker (train.batch_size, now "
-        f"{cfg.batch_size}), fewer workers (FLYSCALE_NPROC_PER_NODE), or larger gradient buckets "
-        f"(train.options.bucket_cap_mb)."
+        f"{report.grad_comm_fraction:.0%} of each step). Knobs: {data_parallel_knobs(cfg)}."
     )
 
 

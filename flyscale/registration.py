@@ -102,7 +102,7 @@ def register(
     return RunSummary(
         validation=report, fp32=fp32, int8=int8, verdicts=judgment.verdicts, registration=registration,
         preflight=preflight, fingerprint=fingerprint, comparison=comparison, test_data=judgment.test_data,
-        resumed=_resumed(history),
+        resumed=_resumed(history), diagnosis=history.diagnosis,
     )
 
 

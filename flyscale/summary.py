@@ -40,6 +40,7 @@ class RunSummary:
     comparison: Comparison | None = None  # int8 against fp32, latency side by side
     test_data: str = ""  # the test data against the champion's
     resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
+    diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -59,6 +60,8 @@ class RunSummary:
         ]
         if self.resumed:
             lines.append(f"  training    {self.resumed}")
+        if self.diagnosis:
+            lines.append(f"  warning     {self.diagnosis}")
         p = self.preflight
         if p.steps:
             lines.append(

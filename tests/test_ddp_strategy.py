@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from flyscale.config import TrainConfig
 from flyscale.distributed import process_group
-from flyscale.training import TrainData
+from flyscale.training import EpochMetrics, TrainData, diagnose
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import MLP, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -84,3 +84,33 @@ def test_uneven_shards_do_not_hang():
     # 2 * B * STEPS + 1 rows: one rank would have a batch more than the other without padding.
     # One epoch each; with time_comm off no all-reduce is timed.
     assert run_on_ranks(_uneven, 2, 2 * B * STEPS + 1, timeout=60) == [[0.0], [0.0]]
+
+
+def _diagnosis_on_the_digits_mlp() -> tuple[str, float]:
+    """Two workers on a digits-sized MLP at batch 32: communication-bound (bench_data_parallel
+    measures them at about a quarter of one process's throughput here)."""
+    with process_group(timeout_s=60) as ctx:
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.rand(2560, 64, generator=g) * 16, torch.randint(0, 10, (2560,), generator=g)
+        torch.manual_seed(0)
+        model = MLP().build(MLPOptions(hidden=[256, 128], dropout=0.0), digits.info(None))
+        history = ddp(model, TrainData(x, y, x[:64], y[:64]), TrainConfig(epochs=1, batch_size=32), ctx, DDPOptions()).history
+        return history.diagnosis, history.epochs[-1].grad_comm_fraction
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_mostly_communicate_are_told_so_with_the_knobs():
+    (diagnosis, fraction), _ = run_on_ranks(_diagnosis_on_the_digits_mlp, 2, timeout=90)
+    assert fraction >= 0.25, fraction
+    assert diagnosis.startswith(f"communication-bound: gradient all-reduces are in flight {fraction:.0%} of each step on 2 workers")
+    assert "train.batch_size, now 32" in diagnosis and "FLYSCALE_NPROC_PER_NODE" in diagnosis and "bucket_cap_mb" in diagnosis
+
+
+def test_the_communication_warning_needs_several_workers_and_a_large_share():
+    def epoch(comm: float) -> EpochMetrics:
+        return EpochMetrics(0, 1.0, None, 1.0, 0.5, 1.0, 1000.0, grad_comm_fraction=comm)
+
+    cfg = TrainConfig()
+    assert diagnose(epoch(0.6), cfg, world_size=2).startswith("communication-bound")
+    assert diagnose(epoch(0.6), cfg, world_size=1) == ""  # nobody to talk to: no all-reduce
+    assert diagnose(epoch(0.1), cfg, world_size=2) == ""  # where 2 workers matched one process
