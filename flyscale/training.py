@@ -361,6 +361,7 @@ def _train_epoch(
             bar.step(0)
     if skip and resumed is not None:
         resumed()  # the RNG as it stood when the checkpoint was written, at this very batch
+
     def summed() -> list[float]:
         return [float(v) * w for v, w in zip(losses, weights)]
 
@@ -383,7 +384,7 @@ def _train_epoch(
         tick = time.perf_counter()
     per_step = torch.stack(losses) if losses else torch.zeros(0, device=ctx.device)
     # The one device sync of the epoch. A step off a pipeline's last stage has mean 0 over 0 rows.
-    loss_sum = float(per_step @ torch.tensor(weights, dtype=per_step.dtype, device=ctx.device)) if losses else 0.0
+    loss_sum = float(per_step @ torch.tensor(weights, dtype=per_step.dtype, device=ctx.device))
     first_bad = -1
     if not math.isfinite(loss_sum):
         bad = torch.nonzero(~torch.isfinite(per_step))
