@@ -2,8 +2,10 @@
 
 1. Peak memory of one training epoch streamed over 10x the rows of an in-memory epoch (the same
    model, features and batch), each in a fresh process through the task's own path
-   (`data.train_data_from` then `TrainData.train_loader`). Goal: ratio <= 1.2. Both the process
-   peak and the peak above the process's size after imports are printed.
+   (`data.train_data_from` then `TrainData.train_loader`). Goal: ratio <= 1.2. The peak is the
+   epoch's own: the high-water mark is reset once the imports are done (Linux's
+   /proc/self/clear_refs), since importing can peak above any epoch and hide it. The peak above
+   the process's size after imports is printed beside it.
 2. Rows per second of the streaming loader over a Parquet split, against reading the same split
    into memory and batching it by slicing, both interleaved in this process. Goal: ratio >= 0.8.
 """
@@ -52,6 +54,25 @@ def _info():
     return DatasetInfo("bench", CLASSES, [len(FEATURES)], FEATURES)
 
 
+def _vm(field: str) -> int | None:
+    """A /proc/self/status size in KiB (VmRSS, VmHWM), None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    except (OSError, StopIteration):
+        return None
+
+
+def _reset_peak() -> bool:
+    """Start the high-water mark afresh from the current size (Linux 4.0+); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _epoch(train_dir: str, val_dir: str, rows: int, streamed: bool) -> dict:
     """One epoch of a linear model through the task's path; the process's peak memory."""
     import torch
@@ -62,7 +83,8 @@ def _epoch(train_dir: str, val_dir: str, rows: int, streamed: bool) -> dict:
     from flyscale.distributed import DistContext
     from flyscale.shards import Shards
 
-    after_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset = _reset_peak()
+    after_imports = _vm("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     train = Shards(FlyteDirectory(train_dir), rows, streamed=streamed)
     val = Shards(FlyteDirectory(val_dir), 4096, streamed=streamed)
     td = data.train_data_from(train, val, _info())
@@ -76,7 +98,8 @@ def _epoch(train_dir: str, val_dir: str, rows: int, streamed: bool) -> dict:
         opt.step()
         seen += len(y)
     return {"rows": seen, "seconds": time.perf_counter() - start, "after_imports_kib": after_imports,
-            "peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+            "peak_kib": _vm("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "epoch_peak": reset}
 
 
 def _in_child(train_dir: Path, val_dir: Path, rows: int, streamed: bool) -> dict:
@@ -123,7 +146,8 @@ def main() -> None:
         streamed = _in_child(large, val, IN_MEMORY_ROWS * FACTOR, streamed=True)
         ratio = streamed["peak_kib"] / memory["peak_kib"]
         grown = {k: (r["peak_kib"] - r["after_imports_kib"]) / 1024 for k, r in (("mem", memory), ("str", streamed))}
-        print(f"bench_streaming: one epoch, {len(FEATURES)} features, batch {BATCH}, a fresh process each")
+        which = "the epoch's own peak" if memory["epoch_peak"] else "the process's peak (no /proc to reset it)"
+        print(f"bench_streaming: one epoch, {len(FEATURES)} features, batch {BATCH}, a fresh process each; {which}")
         print(f"  in memory {memory['rows']:>9,} rows  peak {memory['peak_kib'] / 1024:6.0f} MiB "
               f"(+{grown['mem']:.0f} after imports)   streamed {streamed['rows']:>9,} rows  peak "
               f"{streamed['peak_kib'] / 1024:6.0f} MiB (+{grown['str']:.0f})   ratio {ratio:.2f} "

@@ -15,7 +15,7 @@ functions for this process only; nothing in the project changes):
 - MLflow: the time inside flyscale's MLflow calls (reading the champion, the live run, publishing).
 
 It writes them to OUT.json as seconds since the interpreter started, with the third-party
-libraries the run imported.
+libraries and modules the run imported.
 """
 
 from __future__ import annotations
@@ -97,13 +97,25 @@ def _install(workers_file: str) -> None:
 
 
 def third_party_modules() -> list[str]:
-    """The top-level modules loaded from site-packages, but for this project's own."""
+    """Every module loaded from site-packages (submodules too, such as the MLflow store that mlflow
+    loads only when asked), in the order they were loaded; not this project's own."""
     ours = {"flyscale", "flyscale_plugins", "tasks", "workflows", "benchmarks"}
-    return sorted(
+    return [
         name for name, module in list(sys.modules.items())
-        if "." not in name and not name.startswith("_") and name not in ours
+        if name.split(".")[0] not in ours and not name.startswith("_")
         and "site-packages" in (getattr(module, "__file__", None) or "")
-    )
+    ]
+
+
+def top_level(modules: list[str]) -> list[str]:
+    """The libraries of `modules`: top-level packages, or a namespace package's children
+    (`flytekitplugins.kfpytorch`: `import flytekitplugins` alone loads nothing)."""
+    def library(name: str) -> str:
+        parts = name.split(".")
+        namespace = getattr(sys.modules.get(parts[0]), "__file__", "") is None
+        return ".".join(parts[:2] if namespace else parts[:1])
+
+    return sorted({library(name) for name in modules})
 
 
 def main(argv: list[str]) -> None:
@@ -125,7 +137,8 @@ def main(argv: list[str]) -> None:
             workers = [json.loads(line) for line in open(workers_file)]
         end = _now()
         with open(out, "w") as f:
-            json.dump({"events": EVENTS, "workers": workers, "end": end, "libraries": third_party_modules()}, f)
+            json.dump({"events": EVENTS, "workers": workers, "end": end, "modules": third_party_modules(),
+                       "libraries": top_level(third_party_modules())}, f)
     sys.exit(code)
 
 

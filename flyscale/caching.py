@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from flytekit import Cache
 from flytekit.core.cache import VersionParameters
 
-from flyscale import registry
+from flyscale import memo, registry
 
 CORE = "flyscale"
 
@@ -49,22 +49,44 @@ def _imports(path: str, module: str) -> tuple[set[str], set[str]]:
 
 @functools.lru_cache(maxsize=None)
 def _parsed_imports(path: str, module: str, mtime_ns: int) -> tuple[set[str], set[str]]:
-    # Every task's closure shares most files: parse each once per process (and again if edited).
-    tree = ast.parse(open(path, encoding="utf-8").read(), filename=path)
+    # Every task's closure shares most files: parse each once per process (and again if edited),
+    # and once per content on this machine (memo: the parse is most of a cached run's own time).
+    source = open(path, "rb").read()
+    statements = memo.remembered("imports", memo.key(source), lambda: _import_statements(source, path),
+                                 lambda found: json.dumps(found).encode(), _decode_statements)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
     required: set[str] = set()
     maybe: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            required.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            required.add(base)
-            maybe.update(f"{base}.{alias.name}" for alias in node.names)
+    for level, base, names in statements:
+        if level < 0:  # `import a, b.c`
+            required.update(names)
+            continue
+        base = base or ""
+        if level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - level + 1] + ([base] if base else []))
+        required.add(base)
+        maybe.update(f"{base}.{name}" for name in names)
     return required, maybe
+
+
+def _decode_statements(data: bytes) -> list:
+    found = json.loads(data)
+    if not isinstance(found, list) or not all(isinstance(s, list) and len(s) == 3 for s in found):
+        raise ValueError("not a list of import statements")
+    return found
+
+
+def _import_statements(source: bytes, path: str) -> list[tuple[int, str | None, list[str]]]:
+    """Every import statement in `source`, anywhere in it, as (level, module, names): level -1 for
+    `import names`, else `from <level dots><module> import names`."""
+    found: list[tuple[int, str | None, list[str]]] = []
+    for node in ast.walk(ast.parse(source, filename=path)):
+        if isinstance(node, ast.Import):
+            found.append((-1, None, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module, [alias.name for alias in node.names]))
+    return found
 
 
 def module_closure(roots: list[str], first_party: tuple[str, ...], optional_roots: list[str] = ()) -> dict[str, str]:
@@ -112,13 +134,19 @@ LIBRARIES = ("torch", "numpy", "pandas", "pyarrow", "scikit-learn", "scipy", "pa
 
 def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str]:
     """{distribution: installed version} (read from metadata: nothing is imported)."""
+    return dict(_library_versions(names))
+
+
+# Once per process: every task asks, and what is imported cannot change version meanwhile.
+@functools.lru_cache(maxsize=None)
+def _library_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     out = {"python": platform.python_version()}
     for name in names:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not installed"
-    return out
+    return tuple(out.items())
 
 
 def _image(params: VersionParameters) -> str:

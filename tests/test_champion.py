@@ -174,6 +174,26 @@ def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp
     assert server.get_model_version_by_alias(name, "champion").version == "1"
 
 
+@pytest.mark.parametrize("store", ["server", "sqlite"])
+def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(store, mlflow_server, name, tmp_path,
+                                                                              monkeypatch):
+    from flyscale import validation
+    from flyscale.contracts import DatasetInfo
+
+    uri = mlflow_server if store == "server" else f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    info = DatasetInfo("t", 2, [2], ["a", "b"], feature_dtypes={"a": "double", "b": "double"}, inferred=["features"])
+    frame = pd.DataFrame({"a": [0.1, 0.5, 0.9], "b": [1.0, 2.0, 3.0], "label": [0, 1, 0]})
+    fp32, int8 = _files(tmp_path)
+    record = _record(ChampionRef(name, "champion"))
+    record.data_sha256, record.reference_json = "data-a", validation.reference_json(info, validation.profile(frame, info))
+    out = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "r", register=True)
+    version = MlflowClient(uri).get_model_version(name, out.model_version)
+    assert version.tags[tracking.REFERENCE_URI_TAG].endswith("/data/reference.json")
+    read = tracking.read_reference(_cfg(name), "", "data-b")
+    assert read.source == f"v{out.model_version}" and read.profile.rows == 3 and read.schema.features == ["a", "b"]
+
+
 def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, name, tmp_path):
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
@@ -186,7 +206,8 @@ def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, na
     assert "promote by reviewer" in note and "looked at the curves" in note
 
 
-def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_this_data(server, name):
+@pytest.mark.parametrize("tagged", [True, False], ids=["reference-uri-tag", "registered-before-the-tag"])
+def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_this_data(server, name, tagged):
     from flyscale import validation
     from flyscale.contracts import DatasetInfo
 
@@ -196,15 +217,21 @@ def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_
     mlflow.set_experiment("champion-tests")
     with mlflow.start_run() as run:
         mlflow.log_text(validation.reference_json(info, validation.profile(frame, info)), "data/reference.json")
+    # Where the tag points, the reference is read from, not from the version's run: a 6-row one here.
+    with mlflow.start_run() as elsewhere:
+        mlflow.log_text(validation.reference_json(info, validation.profile(pd.concat([frame, frame[:2]]), info)),
+                        "data/reference.json")
+    uri_tag = {tracking.REFERENCE_URI_TAG: f"{elsewhere.info.artifact_uri}/data/reference.json"} if tagged else {}
     server.create_registered_model(name)
     version = server.create_model_version(
         name, f"runs:/{run.info.run_id}/m", run.info.run_id,
-        tags={"flyscale.run_id": run.info.run_id, tracking.DATA_TAG: "data-a", tracking.REFERENCE_TAG: ""},
+        tags={"flyscale.run_id": run.info.run_id, tracking.DATA_TAG: "data-a", tracking.REFERENCE_TAG: "", **uri_tag},
     ).version
     assert tracking.read_reference(_cfg(name), "", "data-b").source == ""  # no champion yet
     server.set_registered_model_alias(name, "champion", version)
     other = tracking.read_reference(_cfg(name), "", "data-b")  # new data: held to the champion's
-    assert other.source == f"v{version}" and other.schema.features == ["a", "b"] and other.profile.rows == 4
+    assert other.source == f"v{version}" and other.schema.features == ["a", "b"]
+    assert other.profile.rows == (6 if tagged else 4)
     # The champion's own data: held to what the champion itself met (here nothing), so a rerun replays.
     assert tracking.read_reference(_cfg(name), "", "data-a").source == ""
 
