@@ -136,9 +136,10 @@ def main(argv: list[str]) -> None:
         with contextlib.suppress(FileNotFoundError):
             workers = [json.loads(line) for line in open(workers_file)]
         end = _now()
+        modules = third_party_modules()
         with open(out, "w") as f:
-            json.dump({"events": EVENTS, "workers": workers, "end": end, "modules": third_party_modules(),
-                       "libraries": top_level(third_party_modules())}, f)
+            json.dump({"events": EVENTS, "workers": workers, "end": end, "modules": modules,
+                       "libraries": top_level(modules)}, f)
     sys.exit(code)
 
 
