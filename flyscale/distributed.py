@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -122,6 +123,33 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
             seed = sampler.generator.initial_seed()
             sampler._flyscale_seed = seed  # type: ignore[attr-defined]
         sampler.generator.manual_seed(seed + epoch)
+
+
+def sampler_order(sampler: Sampler) -> torch.Tensor:
+    """This epoch's indices from `sampler`, as one int64 tensor.
+
+    The two samplers `DistContext.train_sampler` makes are drawn here as they draw themselves
+    (the same generator, seeds and calls, torch 2.13's code), so the order is theirs, without a
+    Python int per row: iterating one took 0.13 ms of a 47 ms epoch on the digits MLP
+    (benchmarks/bench_trainer.py). Any other sampler is iterated.
+    """
+    kind = type(sampler)
+    if kind is torch.utils.data.RandomSampler and not sampler.replacement and sampler.generator is not None:
+        n = len(sampler.data_source)  # type: ignore[arg-type]
+        if sampler.num_samples == n:
+            order = torch.randperm(n, generator=sampler.generator)
+            torch.randperm(n, generator=sampler.generator)  # RandomSampler draws (and drops) one more: leave the generator as it would
+            return order
+    if kind is DistributedSampler and sampler.shuffle:
+        g = torch.Generator()
+        g.manual_seed(sampler.seed + sampler.epoch)
+        order = torch.randperm(len(sampler.dataset), generator=g)  # type: ignore[arg-type]
+        if sampler.drop_last:
+            order = order[: sampler.total_size]
+        elif sampler.total_size > len(order):  # padded with the order's own first indices, repeated as needed
+            order = torch.cat([order, order.repeat(math.ceil(sampler.total_size / len(order)))[: sampler.total_size - len(order)]])
+        return order[sampler.rank : sampler.total_size : sampler.num_replicas]
+    return torch.tensor(list(sampler), dtype=torch.int64)
 
 
 def backend_for(device: torch.device) -> str:

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
+from flyscale.distributed import DistContext, set_epoch
 from flyscale.step import (
     effective_lr,
     enable_activation_checkpointing,
@@ -18,7 +18,7 @@ from flyscale.step import (
     make_scheduler,
     standard_step,
 )
-from flyscale.training import TrainData, fit, make_loader
+from flyscale.training import TensorBatches, TrainData, fit, make_loader
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -43,6 +43,34 @@ def _steps(cfg: TrainConfig, model, steps=3):
     for _ in range(steps):
         step(x, y)
     return model.state_dict()
+
+
+@pytest.mark.parametrize("rows,world,drop_last", [
+    (37, 1, False), (37, 1, True),  # one process: RandomSampler
+    (37, 2, False), (37, 3, True),  # ranks: DistributedSampler, padded or cut
+    (3, 8, False),  # fewer rows than ranks: the padding repeats the order more than once
+    (203, 1, False), (203, 2, True),  # more batches than one gather holds (GATHER_BYTES, set small below)
+])
+def test_sliced_batches_are_the_dataloaders_batches_in_its_order_on_every_rank_and_epoch(rows, world, drop_last, monkeypatch):
+    # The in-memory path slices its batches with the order drawn by distributed.sampler_order
+    # instead of iterating the sampler; the batches (and so the trained weights) must stay the
+    # DataLoader's, including a DistributedSampler's padding, and the draws after an epoch too.
+    x = torch.arange(rows * 2, dtype=torch.float32).reshape(rows, 2)
+    y = torch.arange(rows)
+    monkeypatch.setattr(TensorBatches, "GATHER_BYTES", 40 * (x[:1].nbytes + y[:1].nbytes))  # 10 batches of 4 a gather
+    for rank in range(world):
+        ctx = DistContext(rank=rank, world_size=world)
+        ours = TensorBatches(x, y, ctx.train_sampler(TensorDataset(x, y), seed=5), 4, drop_last)
+        theirs = DataLoader(TensorDataset(x, y), batch_size=4, drop_last=drop_last,
+                            sampler=ctx.train_sampler(TensorDataset(x, y), seed=5))
+        assert len(ours) == len(theirs)
+        for epoch in (0, 1):
+            set_epoch(ours, epoch)
+            set_epoch(theirs, epoch)
+            for _ in range(2):  # a second pass without set_epoch draws on as the sampler does
+                got, want = list(ours), list(theirs)
+                assert [b[1].tolist() for b in got] == [b[1].tolist() for b in want], (rank, epoch)
+                assert all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
 
 
 def test_grad_accumulation_of_k_microbatches_equals_one_full_batch():
@@ -133,6 +161,23 @@ def test_linear_lr_scaling_and_warmup():
     assert lrs[0] == pytest.approx(0.002 / 10)
     assert lrs[9] == pytest.approx(0.002) and lrs[11] == pytest.approx(0.002)
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
+
+
+@pytest.mark.parametrize("general", [TrainConfig(track_train_accuracy=True), TrainConfig(grad_clip_norm=1e9)],
+                         ids=["tracking accuracy", "clipping at a norm never reached"])
+def test_the_default_step_does_the_general_steps_arithmetic(general):
+    # standard_step builds a lean step for the default config (fp32, no accumulation, clipping,
+    # schedule or accuracy); switching on something that changes no number takes the general
+    # step, which must give the very same losses and weights, bit for bit.
+    x, y = _batch()
+    runs = []
+    for cfg in (TrainConfig(), general):
+        model = _mlp()
+        step = standard_step(model, make_optimizer(model, cfg), cfg, CPU)
+        runs.append(([step(x, y)[0].item() for _ in range(3)], model.state_dict()))
+    (lean_losses, lean), (general_losses, general_state) = runs
+    assert lean_losses == general_losses
+    assert all(torch.equal(lean[k], general_state[k]) for k in lean)
 
 
 def test_grad_clipping_bounds_the_update():
