@@ -17,7 +17,7 @@
 # ("$ docker pull python@sha256:..." at the top of that file). The tag is for the reader;
 # the digest is what Docker pulls. To move to a newer build, take the new digest from that
 # file (or `docker buildx imagetools inspect python:<tag>`) and change the line below;
-# tasks/imagespec.py reads it from here.
+# flyscale/cluster/imagespec.py reads it from here.
 ARG BASE_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 # ---------------------------------------------------------------------------

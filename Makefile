@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # starts its own MLflow and S3 servers. PYTEST_WORKERS=0 runs in this process, one test at a time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench lock lock-cuda lint clean
+.PHONY: install run test bench lock lock-cuda lint format clean
 
 install: $(STAMP)
 
@@ -48,8 +48,20 @@ $(CHROMIUM_STAMP): | $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
+# The formatter and linter (ruff), the type checker (mypy, its files in pyproject.toml), the import
+# contracts (import-linter, pyproject.toml) and the Dockerfile's linter. `make format` applies ruff's fixes.
+LINTED := flyscale plugins tasks workflows tests benchmarks
+
 lint: $(STAMP)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/hadolint Dockerfile
+
+format: $(STAMP)
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
 # Recompile the lock after changing pyproject.toml or lock-constraints.txt (needs `pip install uv`).
 # --find-links is where pip's configuration on our machines keeps the CPU torch wheel.
@@ -71,4 +83,4 @@ lock-cuda:
 	  -o requirements-cuda.lock
 
 clean:
-	rm -rf $(VENV) mlflow.db mlartifacts .flyscale
+	rm -rf $(VENV) mlflow.db mlruns mlartifacts .flyscale

@@ -16,7 +16,19 @@ from benchmarks import (
 )
 
 if __name__ == "__main__":
-    for bench in (bench_trainer, bench_compute, bench_ddp, bench_data_parallel, bench_pipeline, bench_dataloader, bench_validation, bench_streaming, bench_cache, bench_overhead,
-                  bench_quantize, bench_checkpoint):
+    for bench in (
+        bench_trainer,
+        bench_compute,
+        bench_ddp,
+        bench_data_parallel,
+        bench_pipeline,
+        bench_dataloader,
+        bench_validation,
+        bench_streaming,
+        bench_cache,
+        bench_overhead,
+        bench_quantize,
+        bench_checkpoint,
+    ):
         bench.main()
         print()

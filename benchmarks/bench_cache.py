@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import mlflow_server_at  # the server the tests start, started the same way
+from tests.conftest import (
+    mlflow_server_at,  # the server the tests start, started the same way
+)
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -28,8 +30,13 @@ GOAL = 0.2
 def _pyflyte(home: Path, uri: str) -> float:
     env = {**os.environ, "HOME": str(home), "MLFLOW_TRACKING_URI": uri}
     start = time.perf_counter()
-    proc = subprocess.run([str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline"],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -46,7 +53,9 @@ def measure(uri_for) -> tuple[float, float]:
 
 
 def main() -> None:
-    print(f"bench_cache: a cached rerun of `pyflyte run ... training_pipeline` against the uncached run (goal <= {GOAL})")
+    print(
+        f"bench_cache: a cached rerun of `pyflyte run ... training_pipeline` against the uncached run (goal <= {GOAL})"
+    )
     stores = {
         "sqlite store": lambda root: contextlib.nullcontext(f"sqlite:///{root / 'mlflow.db'}"),
         "mlflow server": mlflow_server_at,
@@ -54,8 +63,10 @@ def main() -> None:
     for name, uri_for in stores.items():
         uncached, cached = measure(uri_for)
         ratio = cached / uncached
-        print(f"  {name:<14} uncached {uncached:6.1f} s   cached {cached:5.1f} s   ratio {ratio:.3f} "
-              f"(goal <= {GOAL}: {'met' if ratio <= GOAL else 'NOT met'})")
+        print(
+            f"  {name:<14} uncached {uncached:6.1f} s   cached {cached:5.1f} s   ratio {ratio:.3f} "
+            f"(goal <= {GOAL}: {'met' if ratio <= GOAL else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

@@ -19,22 +19,27 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import digits_x3
-from flyscale import training
-from flyscale.artifacts import build_model
-from flyscale.checkpoint import Checkpointer
 from flyscale.config import ModelConfig, RecoveryConfig, TrainConfig
-from flyscale.distributed import DistContext
+from flyscale.model import build_model
+from flyscale.train.checkpoint import Checkpointer
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import Hooks
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 ROUNDS = 3
 GOAL = 1.05
 MODELS = {
     "mlp (default)": (ModelConfig(), TrainConfig(epochs=4, batch_size=32)),
-    "wide mlp (8.5M params)": (ModelConfig(options={"hidden": [2048, 2048, 2048]}), TrainConfig(epochs=1, batch_size=128)),
+    "wide mlp (8.5M params)": (
+        ModelConfig(options={"hidden": [2048, 2048, 2048]}),
+        TrainConfig(epochs=1, batch_size=128),
+    ),
 }
 
 
-def _train(model_cfg: ModelConfig, cfg: TrainConfig, data, info, checkpointer: Checkpointer | None) -> tuple[float, int, float]:
+def _train(
+    model_cfg: ModelConfig, cfg: TrainConfig, data, info, checkpointer: Checkpointer | None
+) -> tuple[float, int, float]:
     """(training seconds, checkpoints written, seconds spent writing them)."""
     torch.manual_seed(0)
     model = build_model(model_cfg, info)
@@ -42,8 +47,7 @@ def _train(model_cfg: ModelConfig, cfg: TrainConfig, data, info, checkpointer: C
     if checkpointer is None:
         ddp(model, data, cfg, DistContext(), DDPOptions())
         return time.perf_counter() - start, 0, 0.0
-    with training.checkpointing(checkpointer):
-        ddp(model, data, cfg, DistContext(), DDPOptions())
+    ddp(model, data, cfg, DistContext(), DDPOptions(), Hooks(checkpointer=checkpointer))
     return time.perf_counter() - start, len(checkpointer.saved), checkpointer.seconds_saving
 
 
@@ -58,22 +62,41 @@ def main() -> None:
         for _ in range(ROUNDS):
             with tempfile.TemporaryDirectory() as tmp:
                 times["off"].append(_train(model_cfg, cfg, data, info, None)[0])
-                t, _, _ = _train(model_cfg, cfg, data, info, Checkpointer(
-                    Path(tmp) / "default", every_steps=default.checkpoint_every_steps,
-                    every_minutes=default.checkpoint_every_minutes, keep=default.keep_checkpoints))
+                t, _, _ = _train(
+                    model_cfg,
+                    cfg,
+                    data,
+                    info,
+                    Checkpointer(
+                        Path(tmp) / "default",
+                        every_steps=default.checkpoint_every_steps,
+                        every_minutes=default.checkpoint_every_minutes,
+                        keep=default.keep_checkpoints,
+                    ),
+                )
                 times["default"].append(t)
-                t, n, writing = _train(model_cfg, cfg, data, info, Checkpointer(
-                    Path(tmp) / "often", every_steps=25, keep=default.keep_checkpoints))
+                t, n, writing = _train(
+                    model_cfg,
+                    cfg,
+                    data,
+                    info,
+                    Checkpointer(Path(tmp) / "often", every_steps=25, keep=default.keep_checkpoints),
+                )
                 times["every 25 steps"].append(t)
                 per_checkpoint.append(writing / max(n, 1))
         med = {k: statistics.median(v) for k, v in times.items()}
         cost = statistics.median(per_checkpoint)
         projected = 1 + cost / interval_s
-        print(f"  {name:<24} off {med['off']:6.2f} s   default {med['default']:6.2f} s  ratio "
-              f"{med['default'] / med['off']:.3f}   every 25 steps {med['every 25 steps']:6.2f} s  ratio "
-              f"{med['every 25 steps'] / med['off']:.3f}")
-        print(f"  {'':<24} {cost * 1000:.1f} ms a checkpoint: at the default {default.checkpoint_every_minutes:g}-minute "
-              f"interval a long run pays {projected:.4f}x (goal <= {GOAL:.2f}: {'met' if projected <= GOAL else 'NOT met'})")
+        print(
+            f"  {name:<24} off {med['off']:6.2f} s   default {med['default']:6.2f} s  ratio "
+            f"{med['default'] / med['off']:.3f}   every 25 steps {med['every 25 steps']:6.2f} s  ratio "
+            f"{med['every 25 steps'] / med['off']:.3f}"
+        )
+        print(
+            f"  {'':<24} {cost * 1000:.1f} ms a checkpoint: at the default {default.checkpoint_every_minutes:g}-minute "
+            f"interval a long run pays {projected:.4f}x (goal <= {GOAL:.2f}: "
+            f"{'met' if projected <= GOAL else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.common import synthetic
-from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.step import make_optimizer
+from flyscale.model import build_model
+from flyscale.train.distributed import DistContext
+from flyscale.train.step import make_optimizer
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 GOAL = 0.90
@@ -100,7 +100,9 @@ def layer_gemm_gflops(batch: int, repeats: int = 10) -> tuple[float, float]:
 def training_seconds(batch: int, rows: int, epochs: int = 5) -> list[float]:
     """flyscale's trainer on the wide MLP: the seconds of each epoch after the first."""
     data, info = synthetic(FEATURES, rows, CLASSES, val_rows=batch)
-    result = ddp(wide_mlp(info), data, TrainConfig(epochs=epochs, batch_size=batch, seed=0), DistContext(), DDPOptions())
+    result = ddp(
+        wide_mlp(info), data, TrainConfig(epochs=epochs, batch_size=batch, seed=0), DistContext(), DDPOptions()
+    )
     return [m.seconds for m in result.history.epochs[1:]]  # epoch 0 warms the allocator
 
 
@@ -144,23 +146,32 @@ def measure(batch: int, rows: int) -> None:
     own = max(r[1] for r in layers)
     ratio = got / peak
     verdict = f"(goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})" if batch == JUDGED else "(shown for scale)"
-    print(f"  batch {batch:4d}: {got:6.1f} GFLOP/s   matmul {N}^2: {peak:6.1f} GFLOP/s (fastest epoch, fastest run of "
-          f"{block} products)   ratio {ratio:.3f} {verdict}   medians {median_got:.1f} / {median_peak:.1f} = "
-          f"{median_got / median_peak:.3f} ({len(achieved)} epochs, {len(blocks)} runs; "
-          f"the fastest single product {max(bursts):.1f})")
-    print(f"    counted as 6 x parameters x samples instead: {got * 6 * params * batch / 1e9 / flop:.1f} GFLOP/s   "
-          f"the step's own products, bare: {own:6.1f} GFLOP/s ({own / peak:.3f} of the square peak), "
-          f"of which the training reaches {got / own:.3f}")
+    print(
+        f"  batch {batch:4d}: {got:6.1f} GFLOP/s   matmul {N}^2: {peak:6.1f} GFLOP/s (fastest epoch, fastest run of "
+        f"{block} products)   ratio {ratio:.3f} {verdict}   medians {median_got:.1f} / {median_peak:.1f} = "
+        f"{median_got / median_peak:.3f} ({len(achieved)} epochs, {len(blocks)} runs; "
+        f"the fastest single product {max(bursts):.1f})"
+    )
+    print(
+        f"    counted as 6 x parameters x samples instead: {got * 6 * params * batch / 1e9 / flop:.1f} GFLOP/s   "
+        f"the step's own products, bare: {own:6.1f} GFLOP/s ({own / peak:.3f} of the square peak), "
+        f"of which the training reaches {got / own:.3f}"
+    )
     compute, update = step_breakdown(batch)
-    print(f"    where a step's time goes: forward+backward {compute * 1000:.0f} ms, AdamW update {update * 1000:.0f} ms "
-          f"({update / (compute + update):.1%} of the step, memory-bound and outside the FLOP count)")
+    print(
+        f"    where a step's time goes: forward+backward {compute * 1000:.0f} ms, AdamW update {update * 1000:.0f} ms "
+        f"({update / (compute + update):.1%} of the step, memory-bound and outside the FLOP count)"
+    )
 
 
 def main() -> None:
     torch.set_num_threads(THREADS)
     _, params = step_gflop(1)
-    print(f"bench_compute: compute-bound training against the fp32 matmul peak, {THREADS} threads (goal >= {GOAL:.0%} "
-          f"at batch {JUDGED}); wide MLP {FEATURES}->{'x'.join(map(str, HIDDEN))}->{CLASSES} ({params / 1e6:.1f}M parameters)")
+    print(
+        f"bench_compute: compute-bound training against the fp32 matmul peak, {THREADS} threads (goal >= {GOAL:.0%} "
+        f"at batch {JUDGED}); wide MLP {FEATURES}->{'x'.join(map(str, HIDDEN))}->{CLASSES} ({params / 1e6:.1f}M "
+        "parameters)"
+    )
     for batch, rows in BATCHES.items():
         measure(batch, rows)
 

@@ -20,9 +20,9 @@ import torch
 
 from benchmarks.bench_compute import BATCHES, CLASSES, FEATURES, HIDDEN, JUDGED
 from benchmarks.common import on_ranks, synthetic
-from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.distributed import DistContext
+from flyscale.model import build_model
+from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 GOAL = 0.9
@@ -55,7 +55,10 @@ def one_process(features: int, hidden: list[int], global_batch: int, rows: int) 
 
 def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    print(f"bench_data_parallel: 2 DDP workers x 1 thread against 1 process x 2 threads, same global batch (goal >= {GOAL})")
+    print(
+        "bench_data_parallel: 2 DDP workers x 1 thread against 1 process x 2 threads, same global batch (goal >= "
+        f"{GOAL})"
+    )
     for name, (features, hidden, batch, rows) in CONFIGS.items():
         ones, twos = [], []
         for _ in range(2):  # interleaved
@@ -65,8 +68,11 @@ def main() -> None:
         ratio = two / one
         medians = statistics.median(twos) / statistics.median(ones)
         verdict = f"(goal >= {GOAL}: {'met' if ratio >= GOAL else 'NOT met'})" if "compute" in name else "(for scale)"
-        print(f"  {name:<26} global batch {batch:4d}: 1 process {one:8.0f} samples/s   2 workers {two:8.0f} samples/s (fastest epochs)   "
-              f"ratio {ratio:.3f} {verdict}   medians' ratio {medians:.3f}")
+        print(
+            f"  {name:<26} global batch {batch:4d}: 1 process {one:8.0f} samples/s   2 workers {two:8.0f} samples/s "
+            "(fastest epochs)   "
+            f"ratio {ratio:.3f} {verdict}   medians' ratio {medians:.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ import torch
 from torch.utils.data import Dataset
 
 from benchmarks.common import digits_x3 as _data
-from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.step import make_optimizer, standard_step
-from flyscale.training import fit, make_loader
+from flyscale.model import build_model
+from flyscale.train.batches import make_loader
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import fit
+from flyscale.train.step import make_optimizer, standard_step
 
 READ_LATENCY_S = 0.0002
 ROWS = 2048
@@ -57,7 +58,10 @@ def main() -> None:
     tuned_wait, tuned_s = _run(tuned_cfg, d, info)
     print(f"DataLoader tuning: {ROWS} rows, {READ_LATENCY_S * 1e3:.1f} ms read latency per row, batch 32")
     print(f"  {'num_workers=0':<44} data-wait {base_wait:6.1%}  {base_s * 1000:7.1f} ms/epoch")
-    print(f"  {'num_workers=2, persistent, prefetch_factor=4':<44} data-wait {tuned_wait:6.1%}  {tuned_s * 1000:7.1f} ms/epoch")
+    print(
+        f"  {'num_workers=2, persistent, prefetch_factor=4':<44} data-wait {tuned_wait:6.1%}  {tuned_s * 1000:7.1f} "
+        "ms/epoch"
+    )
     print(f"  ratio data-wait tuned/untuned = {tuned_wait / base_wait:.3f}; epoch time ratio = {tuned_s / base_s:.3f}")
 
 

@@ -16,11 +16,12 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 from benchmarks.common import MODELS, digits_x3, interleaved, report
-from flyscale.artifacts import build_model
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.step import make_optimizer, standard_step
-from flyscale.training import fit, make_loader
+from flyscale.model import build_model
+from flyscale.train.batches import make_loader
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import fit
+from flyscale.train.step import make_optimizer, standard_step
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 from flyscale_plugins.strategies.ddp import wrap as wrap_ddp
 
@@ -36,7 +37,9 @@ def _epochs(wrap: bool, d, info, model_cfg, cfg) -> list[float]:
     dataset = TensorDataset(d.x_train, d.y_train)
     loader = make_loader(dataset, ctx.train_sampler(dataset, seed=0), cfg, ctx)
     opt = make_optimizer(model, cfg)
-    history = fit(wrapped, standard_step(wrapped, opt, cfg, ctx.device), loader, lambda: (0.0, 0.0, 1.0), cfg, ctx, "ddp")
+    history = fit(
+        wrapped, standard_step(wrapped, opt, cfg, ctx.device), loader, lambda: (0.0, 0.0, 1.0), cfg, ctx, "ddp"
+    )
     return [m.seconds for m in history.epochs[1:]]
 
 
@@ -68,7 +71,13 @@ def main() -> None:
         }
     finally:
         dist.destroy_process_group()
-    report("DDP at world size 1 vs no DDP: same model, data and loop; batch 32, 1 thread", "no DDP", ["DDP", "ddp strategy"], rows, goal=1.05)
+    report(
+        "DDP at world size 1 vs no DDP: same model, data and loop; batch 32, 1 thread",
+        "no DDP",
+        ["DDP", "ddp strategy"],
+        rows,
+        goal=1.05,
+    )
 
 
 if __name__ == "__main__":

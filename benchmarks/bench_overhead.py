@@ -24,7 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.conftest import mlflow_server_at  # the server the tests start, started the same way
+from tests.conftest import (
+    mlflow_server_at,  # the server the tests start, started the same way
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PIPELINE = ("workflows/train.py", "training_pipeline")
@@ -64,8 +66,13 @@ def empty() -> int:
 def timed_run(out: Path, home: Path, store: str, *args: str) -> dict:
     # One matplotlib font cache for all runs: a user's is built once, not per fresh HOME.
     env = {**os.environ, "HOME": str(home), "MLFLOW_TRACKING_URI": store, "MPLCONFIGDIR": str(out.parent / "mpl")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.timeline", str(out), "run", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.timeline", str(out), "run", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"pyflyte run {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
@@ -88,25 +95,36 @@ def breakdown(timeline: dict) -> list[tuple[str, float]]:
         parts.append((f"task {name}", own))
     mlflow = sum(e["end"] - e["start"] for e in events if e["kind"] == "mlflow")
     parts.append(("  of which MLflow calls (in the tasks above)", -mlflow))  # shown, not added twice
-    parts.append(("flytekit: inputs/outputs to literals", sum(
-        dispatch[n]["end"] - dispatch[n]["start"] - (execute[n]["end"] - execute[n]["start"]) for n in execute)))
-    parts.append(("flytekit: local cache, workflow between tasks", sum(
-        local[n]["end"] - local[n]["start"] for n in local if n not in dispatch) + sum(
-        local[n]["end"] - local[n]["start"] - (dispatch[n]["end"] - dispatch[n]["start"]) for n in dispatch)))
+    parts.append(
+        (
+            "flytekit: inputs/outputs to literals",
+            sum(dispatch[n]["end"] - dispatch[n]["start"] - (execute[n]["end"] - execute[n]["start"]) for n in execute),
+        )
+    )
+    parts.append(
+        (
+            "flytekit: local cache, workflow between tasks",
+            sum(local[n]["end"] - local[n]["start"] for n in local if n not in dispatch)
+            + sum(local[n]["end"] - local[n]["start"] - (dispatch[n]["end"] - dispatch[n]["start"]) for n in dispatch),
+        )
+    )
     accounted = sum(seconds for _, seconds in parts if seconds > 0)
     parts.append(("the rest (between tasks, summary, exit)", timeline["end"] - accounted))
     return parts
 
 
-def _runs(root: Path, store: str, floors: dict[str, Path], rounds: int = 5, home: Path | None = None) -> dict[str, list]:
+def _runs(
+    root: Path, store: str, floors: dict[str, Path], rounds: int = 5, home: Path | None = None
+) -> dict[str, list]:
     """Per round, interleaved so that drift of the machine hits all alike: each floor, the pipeline
     uncached (a fresh local cache; skipped when `home` is a cache filled already) and the
     pipeline again on that cache. Timelines, by kind ("uncached", "cached", "floor <name>")."""
     out: dict[str, list] = {"uncached": [], "cached": [], **{f"floor {name}": [] for name in floors}}
     for i in range(rounds):
         for name, floor_file in floors.items():
-            out[f"floor {name}"].append(timed_run(root / f"f-{name}-{i}.json", root / "home-floor", store,
-                                                  str(floor_file), "empty"))
+            out[f"floor {name}"].append(
+                timed_run(root / f"f-{name}-{i}.json", root / "home-floor", store, str(floor_file), "empty")
+            )
         cache = home or root / f"home-{i}"
         if home is None:
             out["uncached"].append(timed_run(root / f"u{i}.json", cache, store, *PIPELINE))
@@ -120,8 +138,10 @@ def _line(name: str, runs: list[dict], floors: list[dict], goal: float | None) -
     rounds = sorted((run["end"] / floor["end"], run["end"], floor["end"]) for run, floor in zip(runs, floors))
     ratio, seconds, floor = rounds[len(rounds) // 2]
     judged = f"(goal <= {goal}: {'met' if ratio <= goal else 'NOT met'})" if goal else "(shown, not judged)"
-    return (f"  {name:<40} {seconds:6.1f} s   floor {floor:5.1f} s   ratio {ratio:.2f} {judged}   "
-            f"rounds: {' '.join(f'{r:.2f}' for r, _, _ in rounds)}")
+    return (
+        f"  {name:<40} {seconds:6.1f} s   floor {floor:5.1f} s   ratio {ratio:.2f} {judged}   "
+        f"rounds: {' '.join(f'{r:.2f}' for r, _, _ in rounds)}"
+    )
 
 
 def _floors(root: Path, store: str, home: Path, tag: str, uncached: bool = True) -> dict[str, Path]:
@@ -138,29 +158,45 @@ def _floors(root: Path, store: str, home: Path, tag: str, uncached: bool = True)
 
 
 def _skipped(floors: dict[str, Path]) -> str:
-    failed = sorted({name for path in floors.values() for name in json.loads(path.with_suffix(".failed.json").read_text())})
-    return f"  (the floors skipped {len(failed)} modules that do not import on their own: {failed[:5]})" if failed else ""
+    failed = sorted(
+        {name for path in floors.values() for name in json.loads(path.with_suffix(".failed.json").read_text())}
+    )
+    return (
+        f"  (the floors skipped {len(failed)} modules that do not import on their own: {failed[:5]})" if failed else ""
+    )
 
 
 def main() -> None:
-    print(f"bench_overhead: a local `pyflyte run` against an empty workflow's (goals: uncached <= {GOALS['uncached']}x, "
-          f"cached <= {GOALS['cached']}x)")
+    print(
+        f"bench_overhead: a local `pyflyte run` against an empty workflow's (goals: uncached <= {GOALS['uncached']}x, "
+        f"cached <= {GOALS['cached']}x)"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         store = f"sqlite:///{root / 'mlflow.db'}"
         # The store and the font cache exist already, as on a user's second run: creating MLflow's
         # tables (3-4 s) and matplotlib's font list are paid once per machine, not per run.
-        subprocess.run([sys.executable, "-c", "import sys, matplotlib.font_manager, mlflow; "
-                        "mlflow.MlflowClient(sys.argv[1]).search_experiments()", store],
-                       env={**os.environ, "MPLCONFIGDIR": str(root / "mpl")}, check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys, matplotlib.font_manager, mlflow; mlflow.MlflowClient(sys.argv[1]).search_experiments()",
+                store,
+            ],
+            env={**os.environ, "MPLCONFIGDIR": str(root / "mpl")},
+            check=True,
+            capture_output=True,
+        )
         floors = _floors(root, store, root / "home-first", "sqlite")
         runs = _runs(root, store, floors)
         for kind in ("uncached", "cached"):
             print(_line(kind, runs[kind], runs[f"floor {kind}"], GOALS[kind]))
         print(_line("cached, floor of top-level imports only", runs["cached"], runs["floor top-level"], None))
         lazy = statistics.median(f["end"] - t["end"] for f, t in zip(runs["floor cached"], runs["floor top-level"]))
-        print(f"  the library modules loaded lazily (MLflow's SQLAlchemy store, the Kubeflow plugin, ...) cost "
-              f"{lazy:.1f} s of the cached run's floor")
+        print(
+            f"  the library modules loaded lazily (MLflow's SQLAlchemy store, the Kubeflow plugin, ...) cost "
+            f"{lazy:.1f} s of the cached run's floor"
+        )
         # A cached run still reads the champion (never a stale decision). Against the default
         # SQLite store that loads MLflow's SQLAlchemy store in the run's process; against a
         # tracking server, as a team runs it, the client speaks REST.

@@ -26,10 +26,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.common import on_ranks, synthetic
-from flyscale.artifacts import build_model
 from flyscale.config import ModelConfig, TrainConfig
-from flyscale.distributed import DistContext
-from flyscale_plugins.strategies.pipeline import PipelineOptions, build_stage, forward_backward, pipeline
+from flyscale.model import build_model
+from flyscale.train.distributed import DistContext
+from flyscale_plugins.strategies.pipeline import (
+    PipelineOptions,
+    build_stage,
+    forward_backward,
+    pipeline,
+)
 
 GOAL = 0.6
 FEATURES, HIDDEN, BATCH = 64, [1024] * 5, 256
@@ -91,23 +96,29 @@ def _bubbles(ctx: DistContext) -> dict[tuple[str, int], tuple[float, float]]:
 
 
 def main() -> None:
-    print(f"bench_pipeline: 2 stages on 2 workers x 1 thread, MLP 64->{'x'.join(map(str, HIDDEN))}->10, "
-          f"global batch {BATCH}")
+    print(
+        f"bench_pipeline: 2 stages on 2 workers x 1 thread, MLP 64->{'x'.join(map(str, HIDDEN))}->10, "
+        f"global batch {BATCH}"
+    )
     whole = on_ranks(_state_mb, world=1)[0][0]
     stages = on_ranks(_state_mb)[0]
     ratio = max(stages) / whole
-    print(f"  parameters+gradients+AdamW state: whole model {whole:.1f} MiB, per rank "
-          f"{', '.join(f'{s:.1f}' for s in stages)} MiB   largest/whole {ratio:.3f} "
-          f"(goal <= {GOAL}: {'met' if ratio <= GOAL else 'NOT met'})")
+    print(
+        f"  parameters+gradients+AdamW state: whole model {whole:.1f} MiB, per rank "
+        f"{', '.join(f'{s:.1f}' for s in stages)} MiB   largest/whole {ratio:.3f} "
+        f"(goal <= {GOAL}: {'met' if ratio <= GOAL else 'NOT met'})"
+    )
     ranks = on_ranks(_bubbles)
     p = 2
     print("  bubble: idle share of each rank's step (1 - busy/step) against the ideal (p-1)/(m+p-1)")
-    for (schedule, m) in ranks[0]:
+    for schedule, m in ranks[0]:
         ideal = (p - 1) / (m + p - 1)
         shares = [1 - busy / step for step, busy in (r[(schedule, m)] for r in ranks)]
         step_ms = ", ".join(f"{r[(schedule, m)][0] * 1000:.0f}" for r in ranks)
-        print(f"    {schedule:<5} m={m}: step {step_ms} ms   measured {', '.join(f'{s:.3f}' for s in shares)} "
-              f"(rank 0, 1)   ideal {ideal:.3f}")
+        print(
+            f"    {schedule:<5} m={m}: step {step_ms} ms   measured {', '.join(f'{s:.3f}' for s in shares)} "
+            f"(rank 0, 1)   ideal {ideal:.3f}"
+        )
 
 
 if __name__ == "__main__":

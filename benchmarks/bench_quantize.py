@@ -22,10 +22,15 @@ import warnings
 import torch
 from torch import nn
 
-from flyscale import artifacts, data
+from flyscale import model as artifacts
 from flyscale.config import DataConfig, ModelConfig, QuantizeConfig, TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.evaluation import evaluate, state_dict_bytes
+from flyscale.data import source as data
+from flyscale.data.split import split
+from flyscale.data.tensors import to_tensors
+from flyscale.evaluate.metrics import evaluate, state_dict_bytes
+from flyscale.evaluate.quantize import quantize
+from flyscale.train.batches import train_data
+from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 EPOCHS = 5
@@ -41,8 +46,12 @@ CASES = [
     ("mlp (default)", ModelConfig(), ["dynamic_int8", "static_int8"], "dynamic_int8"),
     ("cnn (digits-cnn preset)", CNN, ["static_int8", "dynamic_int8"], "static_int8"),
     # Where int8 pays on these CPUs: layers wide enough that arithmetic, not per-call overhead, dominates.
-    ("wide mlp (hidden 1024 x 2)", ModelConfig(options={"hidden": [1024, 1024]}), ["dynamic_int8", "static_int8"],
-     "dynamic_int8"),
+    (
+        "wide mlp (hidden 1024 x 2)",
+        ModelConfig(options={"hidden": [1024, 1024]}),
+        ["dynamic_int8", "static_int8"],
+        "dynamic_int8",
+    ),
 ]
 
 
@@ -75,12 +84,18 @@ def kernel_ceiling(model: nn.Module, batch: int, repeats: int = 300) -> float:
         with warnings.catch_warnings():  # torch.ao's quantized tensors are deprecated, and still what fbgemm runs
             warnings.simplefilter("ignore")
             qx = torch.quantize_per_tensor(x, 0.05, 64, torch.quint8)
-            qw = torch.quantize_per_channel(layer.weight, scales, torch.zeros(layer.out_features, dtype=torch.long), 0,
-                                            torch.qint8)
+            qw = torch.quantize_per_channel(
+                layer.weight, scales, torch.zeros(layer.out_features, dtype=torch.long), 0, torch.qint8
+            )
         packed = torch.ops.quantized.linear_prepack(qw, layer.bias)
-        lat = latencies({"fp32": lambda _, x=x, layer=layer: layer(x),
-                         "int8": lambda _, qx=qx, packed=packed: torch.ops.quantized.linear(qx, packed, 0.1, 64)},
-                        x, repeats)
+        lat = latencies(
+            {
+                "fp32": lambda _, x=x, layer=layer: layer(x),
+                "int8": lambda _, qx=qx, packed=packed: torch.ops.quantized.linear(qx, packed, 0.1, 64),
+            },
+            x,
+            repeats,
+        )
         f32.append(lat["fp32"])
         q8.append(lat["int8"])
     return sum(f32) / sum(q8) if q8 else float("nan")
@@ -92,42 +107,54 @@ def _verdict(ok: bool) -> str:
 
 def main() -> None:
     frame, info = data.load(DataConfig())
-    train, val, test = data.split(frame, DataConfig())
-    d = data.train_data(train, val, info)
-    x_test, y_test = data.to_tensors(test, info)
+    train, val, test = split(frame, DataConfig())
+    d = train_data(train, val, info)
+    x_test, y_test = to_tensors(test, info)
     calibration = list(d.x_train[:CALIBRATION_ROWS].split(CALIBRATION_BATCH))
     cfg = TrainConfig(epochs=EPOCHS, seed=0)
-    print(f"int8 vs fp32: digits, trained {EPOCHS} epochs, test split {len(y_test)} rows, "
-          f"{torch.get_num_threads()} threads, engine {torch.backends.quantized.engine}; "
-          f"latency = median of {' / '.join(f'{REPEATS[b]} (batch {b})' for b in BATCHES)} interleaved calls; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(
+        f"int8 vs fp32: digits, trained {EPOCHS} epochs, test split {len(y_test)} rows, "
+        f"{torch.get_num_threads()} threads, engine {torch.backends.quantized.engine}; "
+        f"latency = median of {' / '.join(f'{REPEATS[b]} (batch {b})' for b in BATCHES)} interleaved calls; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     for label, model_cfg, quantizers, goal_quantizer in CASES:
         torch.manual_seed(0)
         fp32 = ddp(artifacts.build_model(model_cfg, info), d, cfg, DistContext(), DDPOptions()).model.eval()
         models = {"fp32": fp32}
-        models.update({q: artifacts.quantize(fp32, QuantizeConfig(name=q), calibration) for q in quantizers})
+        models.update({q: quantize(fp32, QuantizeConfig(name=q), calibration) for q in quantizers})
         acc = {name: evaluate(m, x_test, y_test, info.num_classes).accuracy for name, m in models.items()}
         size = {name: state_dict_bytes(m) for name, m in models.items()}
         lat = {b: latencies(models, d.x_train[:b], REPEATS[b]) for b in BATCHES}
         print(f"  {label}")
-        print(f"    {'':<13} {'accuracy':>8} {'b1 us':>8} {'b64 us':>8} {'b1024 us':>9} {'KiB':>7}"
-              "   speed-up b1 / b64 / b1024   smaller   drop")
+        print(
+            f"    {'':<13} {'accuracy':>8} {'b1 us':>8} {'b64 us':>8} {'b1024 us':>9} {'KiB':>7}"
+            "   speed-up b1 / b64 / b1024   smaller   drop"
+        )
         for name in models:
-            row = (f"    {name:<13} {acc[name]:8.4f} {lat[1][name] * 1e6:8.1f} {lat[64][name] * 1e6:8.1f} "
-                   f"{lat[1024][name] * 1e6:9.1f} {size[name] / 1024:7.1f}")
+            row = (
+                f"    {name:<13} {acc[name]:8.4f} {lat[1][name] * 1e6:8.1f} {lat[64][name] * 1e6:8.1f} "
+                f"{lat[1024][name] * 1e6:9.1f} {size[name] / 1024:7.1f}"
+            )
             if name != "fp32":
                 s1, s64, s1024 = (lat[b]["fp32"] / lat[b][name] for b in BATCHES)
-                row += (f"   {s1:8.2f}x / {s64:.2f}x / {s1024:.2f}x   {size['fp32'] / size[name]:6.2f}x"
-                        f"   {acc['fp32'] - acc[name]:+.4f}")
+                row += (
+                    f"   {s1:8.2f}x / {s64:.2f}x / {s1024:.2f}x   {size['fp32'] / size[name]:6.2f}x"
+                    f"   {acc['fp32'] - acc[name]:+.4f}"
+                )
             print(row)
         ceiling = kernel_ceiling(fp32, 64)
-        print(f"    ceiling: fbgemm's int8 kernel alone on this model's Linear layers at batch 64 (input already "
-              f"quantized): {ceiling:.2f}x fp32")
+        print(
+            f"    ceiling: fbgemm's int8 kernel alone on this model's Linear layers at batch 64 (input already "
+            f"quantized): {ceiling:.2f}x fp32"
+        )
         q = goal_quantizer
         speedup, smaller, drop = lat[64]["fp32"] / lat[64][q], size["fp32"] / size[q], acc["fp32"] - acc[q]
-        print(f"    goals for {q}: b64 speed-up {speedup:.2f}x >= {GOAL_SPEEDUP}x {_verdict(speedup >= GOAL_SPEEDUP)}; "
-              f"{smaller:.2f}x smaller >= {GOAL_SMALLER}x {_verdict(smaller >= GOAL_SMALLER)}; "
-              f"accuracy drop {drop:+.4f} <= {GOAL_DROP} {_verdict(drop <= GOAL_DROP)}")
+        print(
+            f"    goals for {q}: b64 speed-up {speedup:.2f}x >= {GOAL_SPEEDUP}x {_verdict(speedup >= GOAL_SPEEDUP)}; "
+            f"{smaller:.2f}x smaller >= {GOAL_SMALLER}x {_verdict(smaller >= GOAL_SMALLER)}; "
+            f"accuracy drop {drop:+.4f} <= {GOAL_DROP} {_verdict(drop <= GOAL_DROP)}"
+        )
 
 
 if __name__ == "__main__":

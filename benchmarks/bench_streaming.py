@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flyscale.train.batches import train_data_from
+
 IN_MEMORY_ROWS = 200_000
 FACTOR = 10
 FEATURES = [f"f{i}" for i in range(16)]
@@ -35,7 +37,7 @@ def _write(root: Path, rows: int, seed: int) -> Path:
     """`rows` random rows as Parquet shards, written a row group at a time (so this process stays small)."""
     import pandas as pd
 
-    from flyscale.shards import ROW_GROUP_ROWS, ShardWriter
+    from flyscale.data.shards import ROW_GROUP_ROWS, ShardWriter
 
     rng = np.random.default_rng(seed)
     writer = ShardWriter("bench", root=str(root))
@@ -49,7 +51,7 @@ def _write(root: Path, rows: int, seed: int) -> Path:
 
 
 def _info():
-    from flyscale.contracts import DatasetInfo
+    from flyscale.plugin.contracts import DatasetInfo
 
     return DatasetInfo("bench", CLASSES, [len(FEATURES)], FEATURES)
 
@@ -78,16 +80,15 @@ def _epoch(train_dir: str, val_dir: str, rows: int, streamed: bool) -> dict:
     import torch
     from flytekit.types.directory import FlyteDirectory
 
-    from flyscale import data
     from flyscale.config import TrainConfig
-    from flyscale.distributed import DistContext
-    from flyscale.shards import Shards
+    from flyscale.data.shards import Shards
+    from flyscale.train.distributed import DistContext
 
     reset = _reset_peak()
     after_imports = _vm("VmRSS") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     train = Shards(FlyteDirectory(train_dir), rows, streamed=streamed)
     val = Shards(FlyteDirectory(val_dir), 4096, streamed=streamed)
-    td = data.train_data_from(train, val, _info())
+    td = train_data_from(train, val, _info())
     model = torch.nn.Linear(len(FEATURES), CLASSES)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = 0
@@ -97,14 +98,26 @@ def _epoch(train_dir: str, val_dir: str, rows: int, streamed: bool) -> dict:
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         seen += len(y)
-    return {"rows": seen, "seconds": time.perf_counter() - start, "after_imports_kib": after_imports,
-            "peak_kib": _vm("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            "epoch_peak": reset}
+    return {
+        "rows": seen,
+        "seconds": time.perf_counter() - start,
+        "after_imports_kib": after_imports,
+        "peak_kib": _vm("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "epoch_peak": reset,
+    }
 
 
 def _in_child(train_dir: Path, val_dir: Path, rows: int, streamed: bool) -> dict:
-    args = [sys.executable, "-m", "benchmarks.bench_streaming", "--epoch", str(train_dir), str(val_dir), str(rows),
-            "1" if streamed else "0"]
+    args = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_streaming",
+        "--epoch",
+        str(train_dir),
+        str(val_dir),
+        str(rows),
+        "1" if streamed else "0",
+    ]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -121,15 +134,15 @@ def _read_into_memory(path: str) -> int:
     perm = np.random.default_rng(0).permutation(len(y))
     seen = 0
     for i in range(0, len(y) - BATCH + 1, BATCH):
-        sel = perm[i:i + BATCH]
+        sel = perm[i : i + BATCH]
         xb, yb = torch.from_numpy(x[sel]), torch.from_numpy(y[sel])
         seen += min(xb.shape[0], len(yb))
     return seen
 
 
 def _stream(path: str) -> int:
-    from flyscale.shards import units
-    from flyscale.streaming import StreamingShards
+    from flyscale.data.shards import units
+    from flyscale.data.streaming import StreamingShards
 
     loader = StreamingShards(units(path), FEATURES, "label", BATCH, rank=0, world=1, workers=1, seed=0)
     return sum(len(y) for _, y in loader)
@@ -148,10 +161,12 @@ def main() -> None:
         grown = {k: (r["peak_kib"] - r["after_imports_kib"]) / 1024 for k, r in (("mem", memory), ("str", streamed))}
         which = "the epoch's own peak" if memory["epoch_peak"] else "the process's peak (no /proc to reset it)"
         print(f"bench_streaming: one epoch, {len(FEATURES)} features, batch {BATCH}, a fresh process each; {which}")
-        print(f"  in memory {memory['rows']:>9,} rows  peak {memory['peak_kib'] / 1024:6.0f} MiB "
-              f"(+{grown['mem']:.0f} after imports)   streamed {streamed['rows']:>9,} rows  peak "
-              f"{streamed['peak_kib'] / 1024:6.0f} MiB (+{grown['str']:.0f})   ratio {ratio:.2f} "
-              f"(goal <= {MEMORY_GOAL}: {'met' if ratio <= MEMORY_GOAL else 'NOT met'})")
+        print(
+            f"  in memory {memory['rows']:>9,} rows  peak {memory['peak_kib'] / 1024:6.0f} MiB "
+            f"(+{grown['mem']:.0f} after imports)   streamed {streamed['rows']:>9,} rows  peak "
+            f"{streamed['peak_kib'] / 1024:6.0f} MiB (+{grown['str']:.0f})   ratio {ratio:.2f} "
+            f"(goal <= {MEMORY_GOAL}: {'met' if ratio <= MEMORY_GOAL else 'NOT met'})"
+        )
 
         rounds = {"read": [], "stream": []}
         for _ in range(3):  # interleaved, so machine drift hits both alike
@@ -161,9 +176,11 @@ def main() -> None:
                 rounds[name].append(n / (time.perf_counter() - start))
         read, stream = statistics.median(rounds["read"]), statistics.median(rounds["stream"])
         ratio = stream / read
-        print(f"  {IN_MEMORY_ROWS * FACTOR:,} rows of Parquet: read into memory {read / 1e6:5.2f} M rows/s   "
-              f"streaming loader {stream / 1e6:5.2f} M rows/s   ratio {ratio:.2f} "
-              f"(goal >= {SPEED_GOAL}: {'met' if ratio >= SPEED_GOAL else 'NOT met'})")
+        print(
+            f"  {IN_MEMORY_ROWS * FACTOR:,} rows of Parquet: read into memory {read / 1e6:5.2f} M rows/s   "
+            f"streaming loader {stream / 1e6:5.2f} M rows/s   ratio {ratio:.2f} "
+            f"(goal >= {SPEED_GOAL}: {'met' if ratio >= SPEED_GOAL else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 from benchmarks.common import MODELS, digits_x3, interleaved, paired_ratios, report
-from flyscale.artifacts import build_model
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.step import standard_step
-from flyscale.training import TrainData, _train_epoch  # the epoch loop itself, around a step
+from flyscale.model import build_model
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import _train_epoch
+from flyscale.train.step import standard_step
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
 ROUNDS = 48  # each round trains one epoch with every loop, in turn; many short rounds make tight pairs
@@ -35,7 +36,9 @@ ROUNDS = 48  # each round trains one epoch with every loop, in turn; many short 
 
 def _plain(model, cfg: TrainConfig, epoch_batches) -> list[float]:
     """The textbook step over each epoch's batches (`epoch_batches()` gives an epoch's), timed per epoch."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)  # the fastest form
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True
+    )  # the fastest form
     times = []
     for _ in range(cfg.epochs):
         model.train()
@@ -81,7 +84,9 @@ def gathered(model, d: TrainData, cfg: TrainConfig) -> list[float]:
 def hand_written(model, d: TrainData, cfg: TrainConfig) -> list[float]:
     """The loop a person writes from the PyTorch tutorial: a DataLoader over a TensorDataset."""
     g = torch.Generator().manual_seed(cfg.seed)
-    loader = DataLoader(TensorDataset(d.x_train, d.y_train), batch_size=cfg.batch_size, sampler=RandomSampler(d.x_train, generator=g))
+    loader = DataLoader(
+        TensorDataset(d.x_train, d.y_train), batch_size=cfg.batch_size, sampler=RandomSampler(d.x_train, generator=g)
+    )
     return _plain(model, cfg, lambda: loader)
 
 
@@ -101,8 +106,10 @@ def per_step(model, d: TrainData, cfg: TrainConfig, steps: int = 100, rounds: in
     around it: each the fastest of `rounds` blocks of `steps` batches, sliced beforehand, on one
     model, the three in a fresh random order every round. Finer than whole epochs: a block takes
     a twentieth of the time, and no sampler or model build sits in it."""
-    batches = [(d.x_train[i : i + cfg.batch_size].clone(), d.y_train[i : i + cfg.batch_size].clone())
-               for i in range(0, steps * cfg.batch_size, cfg.batch_size)]
+    batches = [
+        (d.x_train[i : i + cfg.batch_size].clone(), d.y_train[i : i + cfg.batch_size].clone())
+        for i in range(0, steps * cfg.batch_size, cfg.batch_size)
+    ]
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=True)
     step = standard_step(model, opt, cfg, torch.device("cpu"))
     model.train()
@@ -117,8 +124,11 @@ def per_step(model, d: TrainData, cfg: TrainConfig, steps: int = 100, rounds: in
         for xb, yb in batches:
             step(xb, yb)
 
-    runs = {"plain": plain, "flyscale step": step_only,
-            "flyscale loop": lambda: _train_epoch(step, batches, DistContext(), None)}  # type: ignore[arg-type]
+    runs = {
+        "plain": plain,
+        "flyscale step": step_only,
+        "flyscale loop": lambda: _train_epoch(step, batches, DistContext(), None),
+    }  # type: ignore[arg-type]
     best = dict.fromkeys(runs, float("inf"))
     order = random.Random(0)
     for _ in range(rounds):
@@ -144,29 +154,50 @@ def main() -> None:
         # run, so each flyscale epoch has its plain one a fraction of a second away (its pair).
         torch.manual_seed(0)
         model = build_model(model_cfg, info)
-        runs = {"plain": timed(sliced, model), "plain, gathered an epoch at a time": timed(gathered, model),
-                "flyscale": timed(ours, model),
-                "flyscale+train-acc": timed(ours_with_train_accuracy, model),
-                "DataLoader loop": timed(hand_written, model)}
+        runs = {
+            "plain": timed(sliced, model),
+            "plain, gathered an epoch at a time": timed(gathered, model),
+            "flyscale": timed(ours, model),
+            "flyscale+train-acc": timed(ours_with_train_accuracy, model),
+            "DataLoader loop": timed(hand_written, model),
+        }
         interleaved(runs, len(runs))  # a round for each to go first, not counted: caches, allocator, lazy inits
         return interleaved(runs, ROUNDS)
 
     rows = {name: compare(m) for name, m in MODELS.items()}
-    report(f"trainer vs the fastest plain loop: digits x3 ({len(d.y_train)} rows), batch 32, 1 thread",
-           "plain", ["flyscale"], rows, goal=1.02, judge="paired")
+    report(
+        f"trainer vs the fastest plain loop: digits x3 ({len(d.y_train)} rows), batch 32, 1 thread",
+        "plain",
+        ["flyscale"],
+        rows,
+        goal=1.02,
+        judge="paired",
+    )
     for name, t in rows.items():
-        for label, run in (("the tutorial's DataLoader loop", "DataLoader loop"),
-                           ("flyscale with train.track_train_accuracy", "flyscale+train-acc")):
-            print(f"  {name:<24} for scale: {label} {min(t[run]) * 1000:7.1f} ms/epoch, paired ratios' median "
-                  f"{statistics.median(paired_ratios(t[run], t['plain'])):.3f}x the plain loop")
+        for label, run in (
+            ("the tutorial's DataLoader loop", "DataLoader loop"),
+            ("flyscale with train.track_train_accuracy", "flyscale+train-acc"),
+        ):
+            print(
+                f"  {name:<24} for scale: {label} {min(t[run]) * 1000:7.1f} ms/epoch, paired ratios' median "
+                f"{statistics.median(paired_ratios(t[run], t['plain'])):.3f}x the plain loop"
+            )
         fastest = "plain, gathered an epoch at a time"
-        print(f"  {name:<24} for scale: the plain loop gathering each epoch whole {min(t[fastest]) * 1000:7.1f} ms/epoch; "
-              f"flyscale over it: paired ratios' median {statistics.median(paired_ratios(t['flyscale'], t[fastest])):.3f}")
+        print(
+            f"  {name:<24} for scale: the plain loop gathering each epoch whole {min(t[fastest]) * 1000:7.1f} "
+            "ms/epoch; "
+            f"flyscale over it: paired ratios' median {statistics.median(paired_ratios(t['flyscale'], t[fastest])):.3f}"
+        )
     for name, m in MODELS.items():
         torch.manual_seed(0)
         t = per_step(build_model(m, info), d, cfg)
-        print(f"  {name:<24} per step (fastest of 60 blocks of 100 steps, random order): plain {t['plain'] * 1e6:6.1f} us   "
-              + "   ".join(f"{k} {t[k] * 1e6:6.1f} us ({t[k] / t['plain']:.3f}x)" for k in ("flyscale step", "flyscale loop")))
+        print(
+            f"  {name:<24} per step (fastest of 60 blocks of 100 steps, random order): plain {t['plain'] * 1e6:6.1f} "
+            "us   "
+            + "   ".join(
+                f"{k} {t[k] * 1e6:6.1f} us ({t[k] / t['plain']:.3f}x)" for k in ("flyscale step", "flyscale loop")
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ import time
 import numpy as np
 import pandas as pd
 
-from flyscale import registry, validation
 from flyscale.config import DataConfig
-from flyscale.contracts import DatasetInfo
+from flyscale.data import validation
+from flyscale.plugin import registry
+from flyscale.plugin.contracts import DatasetInfo
 
 ROWS = 1_000_000
 FEATURES = [f"f{i}" for i in range(8)]
@@ -78,8 +79,10 @@ def main() -> None:
     ratio = o / h
     verdict = "met" if ratio <= GOAL else ("within the bar" if ratio <= BAR else "NOT met")
     print(f"bench_validation: {ROWS:,} rows x {len(FEATURES)} features + label, 4,000 bad")
-    print(f"  flyscale (pandera)  {o:6.2f} s   vectorised pandas  {h:6.2f} s   ratio {ratio:.2f} "
-          f"(goal <= {GOAL}, bar {BAR}: {verdict})")
+    print(
+        f"  flyscale (pandera)  {o:6.2f} s   vectorised pandas  {h:6.2f} s   ratio {ratio:.2f} "
+        f"(goal <= {GOAL}, bar {BAR}: {verdict})"
+    )
     registry.datasets.unregister("bench_frames")
 
 

@@ -6,15 +6,18 @@ import multiprocessing as mp
 import queue
 import socket
 import statistics
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from flyscale import data
 from flyscale.config import AugmentConfig, DataConfig, ModelConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.distributed import DistContext
-from flyscale.training import TrainData
+from flyscale.data import source as data
+from flyscale.data.augment import augment
+from flyscale.data.split import split
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.train.batches import TrainData, train_data
+from flyscale.train.distributed import DistContext
 
 # A tiny step (the default MLP: ~1.5 ms at batch 32) shows fixed per-step overheads at their
 # worst; the CNN preset has ten times the compute per step, closer to real models.
@@ -27,15 +30,19 @@ MODELS = {
 def digits_x3() -> tuple[TrainData, object]:
     """Digits' training split with two augmented copies (3501 rows), and its validation split."""
     frame, info = data.load(DataConfig())
-    train, val, _ = data.split(frame, DataConfig())
-    train = data.augment(train, info, AugmentConfig(names=["shift", "noise"], copies=2))
-    return data.train_data(train, val, info), info
+    train, val, _ = split(frame, DataConfig())
+    train = augment(train, info, AugmentConfig(names=["shift", "noise"], copies=2))
+    return train_data(train, val, info), info
 
 
 def synthetic(features: int, rows: int, classes: int = 10, val_rows: int = 512) -> tuple[TrainData, DatasetInfo]:
     """Random features and labels (seed 0): for measuring speed, where what is learnt does not matter."""
-    info = DatasetInfo(name="synthetic", num_classes=classes, input_shape=[features],
-                       feature_columns=[f"f{i}" for i in range(features)])
+    info = DatasetInfo(
+        name="synthetic",
+        num_classes=classes,
+        input_shape=[features],
+        feature_columns=[f"f{i}" for i in range(features)],
+    )
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(rows, features, generator=g), torch.randint(0, classes, (rows,), generator=g)
     return TrainData(x, y, x[:val_rows], y[:val_rows]), info
@@ -47,7 +54,9 @@ def _rank(rank: int, world: int, port: int, fn: Callable[..., Any], args: tuple,
     torch.set_num_threads(1)  # one core per worker
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        out.put((rank, fn(DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu")), *args)))
+        out.put(
+            (rank, fn(DistContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu")), *args))
+        )
     finally:
         dist.destroy_process_group()
 
@@ -89,7 +98,7 @@ def interleaved(runs: dict[str, Callable[[], list[float]]], rounds: int) -> dict
     times: dict[str, list[float]] = {name: [] for name in runs}
     names = list(runs)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             times[name] += runs[name]()
     return times
 
@@ -101,8 +110,14 @@ def paired_ratios(candidate: list[float], baseline: list[float]) -> list[float]:
     return sorted(c / b for c, b in zip(candidate, baseline))
 
 
-def report(title: str, baseline: str, candidates: list[str], rows: dict[str, dict[str, list[float]]], goal: float,
-           judge: str = "fastest") -> None:
+def report(
+    title: str,
+    baseline: str,
+    candidates: list[str],
+    rows: dict[str, dict[str, list[float]]],
+    goal: float,
+    judge: str = "fastest",
+) -> None:
     """One line per model and candidate: the fastest epoch of each and their ratio, and the
     median of the paired ratios with its quartiles; judged against `goal` on the one `judge`
     names ("fastest" or "paired").

@@ -7,8 +7,8 @@ the CNN preset, configs/digits-cnn.yaml) and each precision it trains as the tra
 without MLflow and checkpoints: the configured strategy (`ddp`) from the registry, on the
 preset's data, split and augmentation, with `train.precision` set: fp32, fp16 (autocast and
 GradScaler) and bf16 (autocast, where `torch.cuda.is_bf16_supported()`). It prints the device
-and the torch/CUDA/NCCL versions, each run's throughput (samples/s, the median epoch after the first), and fails (exit 1) when a loss
-is not finite, the validation accuracy is below `--min-accuracy`, or autocast did not run in the
+and the torch/CUDA/NCCL versions, each run's throughput (samples/s, the median epoch after the
+first), and fails (exit 1) when a loss is not finite, the validation accuracy is below `--min-accuracy`, or autocast did not run in the
 precision asked for. Without a CUDA device it prints one line saying it skipped, and exits 0.
 
 flyscale wraps the model in DDP only when there is a peer to synchronise with: at world size 1
@@ -39,19 +39,24 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
 import yaml
 from torch import nn
 
-from flyscale import artifacts, data, distributed
+from flyscale import model as artifacts
 from flyscale.config import PipelineConfig, from_dict
-from flyscale.distributed import DistContext
-from flyscale.training import TrainData, TrainingDiverged
+from flyscale.data import source as data
+from flyscale.data.augment import augment
+from flyscale.data.split import split
+from flyscale.train import distributed, strategies
+from flyscale.train.batches import TrainData, train_data
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import TrainingDiverged
 
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = {"mlp": None, "cnn": REPO / "configs" / "digits-cnn.yaml"}  # None: the defaults (digits MLP)
@@ -87,13 +92,23 @@ def one_rank_group(device: torch.device, backend: str, timeout_s: float) -> Iter
 
 def environment(device: torch.device) -> dict:
     """What ran: the device and the versions that matter for it."""
-    env = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-           "backend": dist.get_backend() if dist.is_initialized() else None}
+    env = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
-                   memory_gib=round(props.total_memory / 2**30, 1), nccl=nccl_version(),
-                   cudnn=torch.backends.cudnn.version(), bf16_supported=torch.cuda.is_bf16_supported())
+        env.update(
+            device_name=props.name,
+            capability=f"{props.major}.{props.minor}",
+            memory_gib=round(props.total_memory / 2**30, 1),
+            nccl=nccl_version(),
+            cudnn=torch.backends.cudnn.version(),
+            bf16_supported=torch.cuda.is_bf16_supported(),
+        )
         with contextlib.suppress(TypeError):  # torch >= 2.4 counts emulated bf16 as supported unless asked not to
             env["bf16_native"] = torch.cuda.is_bf16_supported(including_emulation=False)
     else:
@@ -114,17 +129,19 @@ def preset(name: str) -> PipelineConfig:
 def prepare(cfg: PipelineConfig, max_train_rows: int) -> tuple[TrainData, object]:
     """The preset's training and validation data, as the data stages make them (split, then augment)."""
     frame, info = data.load(cfg.data)
-    train, val, _ = data.split(frame, cfg.data)
-    train = data.augment(train, info, cfg.augment)
+    train, val, _ = split(frame, cfg.data)
+    train = augment(train, info, cfg.augment)
     if max_train_rows:
         train = train.sample(n=min(max_train_rows, len(train)), random_state=cfg.data.seed)
-    return data.train_data(train, val, info), info
+    return train_data(train, val, info), info
 
 
 def unsupported(precision: str, device: torch.device) -> str:
     """Why this device cannot run `precision` ("" when it can)."""
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        return f"bf16 is not supported on {torch.cuda.get_device_name(device)} (torch.cuda.is_bf16_supported() is False)"
+        return (
+            f"bf16 is not supported on {torch.cuda.get_device_name(device)} (torch.cuda.is_bf16_supported() is False)"
+        )
     return ""
 
 
@@ -138,24 +155,37 @@ def watch_compute_dtype(model: nn.Module) -> tuple[set, dict]:
             seen.add(str(output.dtype).removeprefix("torch."))
             handles.pop(module).remove()
 
-    handles = {m: m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))}
+    handles = {
+        m: m.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+    }
     return seen, handles
 
 
 def train_one(model_name: str, cfg: PipelineConfig, prepared, precision: str, ctx: DistContext, args) -> dict:
     """One training run through the configured strategy; its throughput and checks."""
-    train_cfg = dataclasses.replace(cfg.train, epochs=args.epochs, precision=precision,
-                                    **({"batch_size": args.batch_size} if args.batch_size else {}))
+    train_cfg = dataclasses.replace(
+        cfg.train,
+        epochs=args.epochs,
+        precision=precision,
+        **({"batch_size": args.batch_size} if args.batch_size else {}),
+    )
     d, info = prepared
-    row = {"model": model_name, "precision": precision, "strategy": train_cfg.strategy, "epochs": train_cfg.epochs,
-           "batch_size": train_cfg.batch_size, "train_rows": len(d.y_train)}
+    row = {
+        "model": model_name,
+        "precision": precision,
+        "strategy": train_cfg.strategy,
+        "epochs": train_cfg.epochs,
+        "batch_size": train_cfg.batch_size,
+        "train_rows": len(d.y_train),
+    }
     reason = unsupported(precision, ctx.device)
     if reason:
         return {**row, "status": "unsupported", "reason": reason}
     torch.manual_seed(train_cfg.seed)  # as the training task does: the same initial weights on every rank
     model = artifacts.build_model(cfg.model, info)
-    strategy, options = artifacts.strategy(train_cfg)
+    strategy, options = strategies.strategy(train_cfg)
     seen, handles = watch_compute_dtype(model)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
@@ -179,8 +209,11 @@ def train_one(model_name: str, cfg: PipelineConfig, prepared, precision: str, ct
     row.update(
         samples_per_s=round(statistics.median(m.samples_per_s for m in timed), 1),
         seconds=round(time.perf_counter() - start, 2),
-        train_loss=last.train_loss, val_loss=last.val_loss, val_accuracy=last.val_accuracy,
-        peak_memory_mb=round(last.peak_memory_mb, 1), compute_dtype=sorted(seen),
+        train_loss=last.train_loss,
+        val_loss=last.val_loss,
+        val_accuracy=last.val_accuracy,
+        peak_memory_mb=round(last.peak_memory_mb, 1),
+        compute_dtype=sorted(seen),
         # DDP's timed comm hook saw gradient all-reduces: the model was wrapped and synchronised.
         grad_comm_fraction=round(max(m.grad_comm_fraction for m in epochs), 4),
     )
@@ -198,10 +231,14 @@ def check(row: dict, epochs: list, precision: str, min_accuracy: float) -> list[
         problems.append(f"validation accuracy {row['val_accuracy']:.4f} < {min_accuracy} after {len(epochs)} epochs")
     want = str(AUTOCAST_DTYPE[precision]).removeprefix("torch.")
     if row["compute_dtype"] != [want]:
-        problems.append(f"train.precision={precision} but the layers computed in {row['compute_dtype'] or 'nothing seen'}, "
-                        f"expected {want}")
+        problems.append(
+            f"train.precision={precision} but the layers computed in {row['compute_dtype'] or 'nothing seen'}, "
+            f"expected {want}"
+        )
     if not row["grad_comm_fraction"] > 0:
-        problems.append("no gradient all-reduce ran: the strategy did not train the model under DistributedDataParallel")
+        problems.append(
+            "no gradient all-reduce ran: the strategy did not train the model under DistributedDataParallel"
+        )
     return problems
 
 
@@ -211,21 +248,32 @@ def skip_reason(args) -> str:
         return ""
     if torch.version.cuda is None:
         return f"no CUDA device: torch {torch.__version__} is a CPU-only build"
-    return f"no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none (torch.cuda.is_available() is False)"
+    return (
+        f"no CUDA device: torch {torch.__version__} (CUDA {torch.version.cuda}) sees none "
+        "(torch.cuda.is_available() is False)"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, help="also write the JSON summary here (default: stdout only)")
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cuda (default; skipped when there is none) or cpu, to exercise this path without a GPU")
-    p.add_argument("--backend", choices=("nccl", "gloo"), help="process-group backend (default: nccl on cuda, gloo on cpu)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cuda (default; skipped when there is none) or cpu, to exercise this path without a GPU",
+    )
+    p.add_argument(
+        "--backend", choices=("nccl", "gloo"), help="process-group backend (default: nccl on cuda, gloo on cpu)"
+    )
     p.add_argument("--models", default=",".join(PRESETS), help=f"comma-separated, of {list(PRESETS)}")
     p.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {list(PRECISIONS)}")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=0, help="per-step batch (default: the preset's)")
     p.add_argument("--max-train-rows", type=int, default=0, help="train on at most this many rows (0: all)")
-    p.add_argument("--min-accuracy", type=float, default=0.9, help="fail a run whose final validation accuracy is lower")
+    p.add_argument(
+        "--min-accuracy", type=float, default=0.9, help="fail a run whose final validation accuracy is lower"
+    )
     p.add_argument("--require-cuda", action="store_true", help="fail instead of skipping when there is no CUDA device")
     p.add_argument("--timeout-s", type=float, default=120.0, help="process-group timeout")
     args = p.parse_args(argv)
@@ -257,8 +305,10 @@ def report_line(r: dict) -> str:
         return f"{head} not run: {r['reason']}"
     if "samples_per_s" not in r:
         return f"{head} FAILED: {r['reason']}"
-    line = (f"{head} {r['samples_per_s']:>10,.0f} samples/s  val_acc {r['val_accuracy']:.4f}  "
-            f"loss {r['train_loss']:.4f}  peak {r['peak_memory_mb']:.0f} MiB  computed in {','.join(r['compute_dtype'])}")
+    line = (
+        f"{head} {r['samples_per_s']:>10,.0f} samples/s  val_acc {r['val_accuracy']:.4f}  "
+        f"loss {r['train_loss']:.4f}  peak {r['peak_memory_mb']:.0f} MiB  computed in {','.join(r['compute_dtype'])}"
+    )
     return line + (f"  FAILED: {r['reason']}" if r["status"] == "failed" else "")
 
 
@@ -273,7 +323,12 @@ def run_all(args: argparse.Namespace, ctx: DistContext) -> list[dict]:
                 r = train_one(name, cfg, prepared, precision, ctx, args)
             except Exception as exc:  # noqa: BLE001 (unattended: report it, and run the others)
                 traceback.print_exc()
-                r = {"model": name, "precision": precision, "status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+                r = {
+                    "model": name,
+                    "precision": precision,
+                    "status": "failed",
+                    "reason": f"{type(exc).__name__}: {exc}",
+                }
             runs.append(r)
             print(report_line(r), flush=True)
     return runs
@@ -291,16 +346,29 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with one_rank_group(device, args.backend, args.timeout_s) as ctx:
         env = environment(device)
-        print(f"gpu_check: {env['device_name']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, "
-              f"NCCL {env.get('nccl', '-')}, backend {env['backend']}, world size 1 (DDP), {args.epochs} epochs",
-              flush=True)
+        print(
+            f"gpu_check: {env['device_name']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, "
+            f"NCCL {env.get('nccl', '-')}, backend {env['backend']}, world size 1 (DDP), {args.epochs} epochs",
+            flush=True,
+        )
         runs = run_all(args, ctx)
     failed = [r for r in runs if r["status"] == "failed"]
-    write({"status": "failed" if failed else "ok", "environment": env, "min_accuracy": args.min_accuracy,
-           "seconds": round(time.perf_counter() - start, 1), "runs": runs}, args.out)
+    write(
+        {
+            "status": "failed" if failed else "ok",
+            "environment": env,
+            "min_accuracy": args.min_accuracy,
+            "seconds": round(time.perf_counter() - start, 1),
+            "runs": runs,
+        },
+        args.out,
+    )
     if failed:
-        print(f"gpu_check: FAILED: {len(failed)} of {len(runs)} runs: "
-              + "; ".join(f"{r['model']} {r['precision']}: {r['reason']}" for r in failed), file=sys.stderr)
+        print(
+            f"gpu_check: FAILED: {len(failed)} of {len(runs)} runs: "
+            + "; ".join(f"{r['model']} {r['precision']}: {r['reason']}" for r in failed),
+            file=sys.stderr,
+        )
         return 1
     ran = sum(r["status"] == "ok" for r in runs)
     print(f"gpu_check: ok: {ran} runs passed, {len(runs) - ran} not supported here", file=sys.stderr)

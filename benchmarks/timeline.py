@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+from flyscale.tracking.live import LiveRun
+
 try:  # the interpreter's own start, when the OS tells (Linux: /proc); else now
     with open(f"/proc/{os.getpid()}/stat") as _f:
         _ticks = int(_f.read().rsplit(")", 1)[1].split()[19])
@@ -51,16 +53,20 @@ def _timed(kind: str, name_of=lambda *a, **k: ""):
             try:
                 return fn(*args, **kwargs)
             finally:
-                EVENTS.append({"kind": kind, "name": name_of(*args, **kwargs), "start": began, "end": _now(),
-                               "pid": os.getpid()})
+                EVENTS.append(
+                    {"kind": kind, "name": name_of(*args, **kwargs), "start": began, "end": _now(), "pid": os.getpid()}
+                )
+
         return inner
+
     return wrap
 
 
 def _install(workers_file: str) -> None:
     from flytekit.core import base_task
 
-    from flyscale import distributed, tracking
+    from flyscale.tracking import champion, live, publish, reference
+    from flyscale.train import distributed
 
     dispatch = base_task.PythonTask.dispatch_execute
 
@@ -75,13 +81,19 @@ def _install(workers_file: str) -> None:
     base_task.PythonTask.dispatch_execute = dispatch_execute
     # local_execute: the local cache's lookup and write around dispatch_execute
     local = base_task.PythonTask.local_execute
-    base_task.PythonTask.local_execute = lambda self, *a, **k: _timed("local", lambda *_, **__: self.name.rsplit(".", 1)[-1])(
-        local)(self, *a, **k)
-    for name in ("read_reference", "read_baseline", "publish", "close_failed_runs"):
-        setattr(tracking, name, _timed("mlflow", lambda *a, _n=name, **k: _n)(getattr(tracking, name)))
+    base_task.PythonTask.local_execute = lambda self, *a, **k: _timed(
+        "local", lambda *_, **__: self.name.rsplit(".", 1)[-1]
+    )(local)(self, *a, **k)
+    # Patched where they are defined, before the tasks import them.
+    for module, name in (
+        (reference, "read_reference"),
+        (champion, "read_baseline"),
+        (publish, "publish"),
+        (live, "close_failed_runs"),
+    ):
+        setattr(module, name, _timed("mlflow", lambda *a, _n=name, **k: _n)(getattr(module, name)))
     for name in ("__init__", "epoch"):
-        setattr(tracking.LiveRun, name, _timed("mlflow", lambda *a, _n=name, **k: f"LiveRun.{_n}")(
-            getattr(tracking.LiveRun, name)))
+        setattr(LiveRun, name, _timed("mlflow", lambda *a, _n=name, **k: f"LiveRun.{_n}")(getattr(LiveRun, name)))
 
     joined = distributed.process_group
 
@@ -101,8 +113,10 @@ def third_party_modules() -> list[str]:
     loads only when asked), in the order they were loaded; not this project's own."""
     ours = {"flyscale", "flyscale_plugins", "tasks", "workflows", "benchmarks"}
     return [
-        name for name, module in list(sys.modules.items())
-        if name.split(".")[0] not in ours and not name.startswith("_")
+        name
+        for name, module in list(sys.modules.items())
+        if name.split(".")[0] not in ours
+        and not name.startswith("_")
         and "site-packages" in (getattr(module, "__file__", None) or "")
     ]
 
@@ -110,6 +124,7 @@ def third_party_modules() -> list[str]:
 def top_level(modules: list[str]) -> list[str]:
     """The libraries of `modules`: top-level packages, or a namespace package's children
     (`flytekitplugins.kfpytorch`: `import flytekitplugins` alone loads nothing)."""
+
     def library(name: str) -> str:
         parts = name.split(".")
         namespace = getattr(sys.modules.get(parts[0]), "__file__", "") is None
@@ -138,8 +153,10 @@ def main(argv: list[str]) -> None:
         end = _now()
         modules = third_party_modules()
         with open(out, "w") as f:
-            json.dump({"events": EVENTS, "workers": workers, "end": end, "modules": modules,
-                       "libraries": top_level(modules)}, f)
+            json.dump(
+                {"events": EVENTS, "workers": workers, "end": end, "modules": modules, "libraries": top_level(modules)},
+                f,
+            )
     sys.exit(code)
 
 

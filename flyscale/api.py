@@ -6,9 +6,16 @@ types, or to annotate against the Protocols, import them from here: these names 
 across releases, whatever moves inside flyscale.
 
     from flyscale.api import DatasetInfo, GateVerdict, ModelPlugin
+
+A training strategy builds on the loop's own pieces, which are here too: `fit` (the epochs,
+with checkpoints and live curves through the `Hooks` it is handed), `TrainState` (what a
+checkpoint holds), and `standard_step`, `make_optimizer` and `make_scheduler` (one step as the
+built-in strategies take it).
 """
 
-from flyscale.contracts import (
+from flyscale.data.schemas import default_row_schema
+from flyscale.evaluate.metrics import higher_is_better
+from flyscale.plugin.contracts import (
     SOURCE_FILE,
     SOURCE_ROW,
     AugmentationPlugin,
@@ -20,13 +27,32 @@ from flyscale.contracts import (
     QuantizerPlugin,
     StrategyPlugin,
 )
-from flyscale.distributed import DistContext
-from flyscale.evaluation import higher_is_better
-from flyscale.schemas import default_row_schema
-from flyscale.training import TrainData, TrainResult
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import Hooks, TrainResult, fit
+from flyscale.train.state import TrainState
+from flyscale.train.step import make_optimizer, make_scheduler, standard_step
 
 __all__ = [
-    "DatasetInfo", "GateVerdict", "default_row_schema", "SOURCE_FILE", "SOURCE_ROW",
-    "DatasetPlugin", "ModelPlugin", "AugmentationPlugin", "StrategyPlugin", "QuantizerPlugin", "GatePlugin",
-    "DistContext", "TrainData", "TrainResult", "higher_is_better",
+    "DatasetInfo",
+    "GateVerdict",
+    "default_row_schema",
+    "SOURCE_FILE",
+    "SOURCE_ROW",
+    "DatasetPlugin",
+    "ModelPlugin",
+    "AugmentationPlugin",
+    "StrategyPlugin",
+    "QuantizerPlugin",
+    "GatePlugin",
+    "DistContext",
+    "TrainData",
+    "TrainResult",
+    "higher_is_better",
+    "Hooks",
+    "fit",
+    "TrainState",
+    "standard_step",
+    "make_optimizer",
+    "make_scheduler",
 ]

@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from flyscale import registry
-from flyscale.registry import PluginInfo
+from flyscale.plugin import registry
+from flyscale.plugin.registry import PluginInfo
 
 
 def collect(kinds: Iterable[str]) -> list[PluginInfo]:
@@ -87,14 +87,16 @@ def cmd_move(args: argparse.Namespace) -> int:
 
     from mlflow import MlflowClient
 
-    from flyscale import champion, tracking
+    from flyscale.tracking import champion
+    from flyscale.tracking import store as mlflow_store
 
     action = "rollback" if args.command == "rollback" else "promote"
     version = args.to if action == "rollback" else args.version
     who = args.who or os.environ.get("USER") or getpass.getuser()
     try:
-        note = champion.move_alias(MlflowClient(tracking.tracking_uri()), args.model, args.alias, version, action,
-                                   who, args.reason)
+        note = champion.move_alias(
+            MlflowClient(mlflow_store.tracking_uri()), args.model, args.alias, version, action, who, args.reason
+        )
     except ValueError as exc:
         print(f"flyscale {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -109,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", choices=sorted(registry.ALL), help="show only this kind of plugin")
     plugins.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     plugins.set_defaults(func=cmd_plugins)
-    for name, flag, text in (("rollback", "--to", "point the alias back at an earlier version"),
-                             ("promote", "--version", "point the alias at a version (a challenger, say)")):
+    for name, flag, text in (
+        ("rollback", "--to", "point the alias back at an earlier version"),
+        ("promote", "--version", "point the alias at a version (a challenger, say)"),
+    ):
         move = sub.add_parser(name, help=f"{text}; who and why are recorded as tags")
         move.add_argument("--model", required=True, help="registered model name (its -int8 twin moves with it)")
         move.add_argument(flag, required=True, dest=flag[2:], help="the version the alias should point at")

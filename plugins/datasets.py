@@ -37,7 +37,10 @@ class Digits:
 
     def info(self, options: None) -> DatasetInfo:
         return DatasetInfo(
-            name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=list(DIGITS_PIXELS),
+            name="digits",
+            num_classes=10,
+            input_shape=[1, 8, 8],
+            feature_columns=list(DIGITS_PIXELS),
             feature_ranges={c: [0.0, 16.0] for c in DIGITS_PIXELS},
         )
 
@@ -54,7 +57,9 @@ def _digits_csv() -> Path:
     """scikit-learn's copy of the digits, found without importing scikit-learn."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("dataset 'digits' ships inside scikit-learn, which is not installed: pip install scikit-learn")
+        raise ModuleNotFoundError(
+            "dataset 'digits' ships inside scikit-learn, which is not installed: pip install scikit-learn"
+        )
     return Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
 
 

@@ -10,8 +10,8 @@ latency passes below its bound, an accuracy above it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from flyscale.api import GateVerdict, higher_is_better
 
@@ -113,22 +113,28 @@ class BeatsChampion:
         if m not in champion:
             return GateVerdict("beats_champion", False, f"{version} has no {m} to compare")
         if options.require_same_test_data and not champion.get("same_test_data", 1.0):
-            return GateVerdict("beats_champion", False, f"{version} was tested on other data; "
-                               "require_same_test_data is set")
+            return GateVerdict(
+                "beats_champion", False, f"{version} was tested on other data; require_same_test_data is set"
+            )
         base = champion[m]
         gain = (value - base) if options.up() else (base - value)  # > 0: the candidate is better
         checks = []
         if options.min_absolute_change is not None:
-            checks.append((gain > options.min_absolute_change, f"by {gain:+.4f} (needs > {options.min_absolute_change:.4f})"))
+            checks.append(
+                (gain > options.min_absolute_change, f"by {gain:+.4f} (needs > {options.min_absolute_change:.4f})")
+            )
         if options.min_relative_change is not None:
             rel = gain / abs(base) if base else float("inf") if gain > 0 else 0.0
-            checks.append((rel > options.min_relative_change, f"by {rel:+.2%} (needs > {options.min_relative_change:.2%})"))
+            checks.append(
+                (rel > options.min_relative_change, f"by {rel:+.2%} (needs > {options.min_relative_change:.2%})")
+            )
         if not checks:
             checks.append((gain > 0, "strictly"))
         passed = all(ok for ok, _ in checks)
         better = "better" if passed else "not better"
         return GateVerdict(
-            "beats_champion", passed,
+            "beats_champion",
+            passed,
             f"test {m} {value:.4f} vs {version} {base:.4f}: {better} " + " and ".join(text for _, text in checks),
         )
 
@@ -173,9 +179,11 @@ class Quantization:
             value = metrics[metric]
             ok = value >= bound if up else value <= bound
             passed &= ok
-            reasons.append(f"{metric.removeprefix('int8_').replace('_', ' ')} {value:+.4f} "
-                           f"{('>=' if ok else '<') if up else ('<=' if ok else '>')} {'needed' if up else 'allowed'} "
-                           f"{bound:.4f}")
+            reasons.append(
+                f"{metric.removeprefix('int8_').replace('_', ' ')} {value:+.4f} "
+                f"{('>=' if ok else '<') if up else ('<=' if ok else '>')} {'needed' if up else 'allowed'} "
+                f"{bound:.4f}"
+            )
         return GateVerdict("quantization", passed, "; ".join(reasons))
 
 

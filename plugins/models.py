@@ -15,8 +15,10 @@ def _scaled_widths(widths: list[int], multiplier: float, name: str) -> list[int]
     """Each width times `multiplier`, rounded half up; a width that rounds to 0 is an error."""
     out = [math.floor(w * multiplier + 0.5) for w in widths]
     if any(w < 1 for w in out):
-        raise ValueError(f"width_multiplier {multiplier:g} leaves a layer of {name} {widths} with no units "
-                         f"({out}); use a multiplier of at least {0.5 / min(widths):.3g}")
+        raise ValueError(
+            f"width_multiplier {multiplier:g} leaves a layer of {name} {widths} with no units "
+            f"({out}); use a multiplier of at least {0.5 / min(widths):.3g}"
+        )
     return out
 
 
@@ -26,8 +28,10 @@ def _scaled_depth(layers: list[int], multiplier: float, name: str) -> list[int]:
     ones go first when shallower ([256, 128] x0.5 -> [256])."""
     count = math.floor(len(layers) * multiplier + 0.5)
     if count < 1:
-        raise ValueError(f"depth_multiplier {multiplier:g} leaves none of the {len(layers)} layers of {name} "
-                         f"{layers}; use a multiplier of at least {0.5 / len(layers):.3g}")
+        raise ValueError(
+            f"depth_multiplier {multiplier:g} leaves none of the {len(layers)} layers of {name} "
+            f"{layers}; use a multiplier of at least {0.5 / len(layers):.3g}"
+        )
     return [layers[i * len(layers) // count] for i in range(count)]
 
 
@@ -57,8 +61,9 @@ class MLPOptions:
 
     def layers(self) -> list[int]:
         """The hidden widths the multipliers give."""
-        return _scaled_widths(_scaled_depth(self.hidden, self.depth_multiplier, "hidden"), self.width_multiplier,
-                              "hidden")
+        return _scaled_widths(
+            _scaled_depth(self.hidden, self.depth_multiplier, "hidden"), self.width_multiplier, "hidden"
+        )
 
 
 class MLP:
@@ -98,8 +103,9 @@ class CNNOptions:
 
     def sizes(self) -> tuple[list[int], int]:
         """(channels, hidden) as the multipliers give them."""
-        channels = _scaled_widths(_scaled_depth(self.channels, self.depth_multiplier, "channels"),
-                                  self.width_multiplier, "channels")
+        channels = _scaled_widths(
+            _scaled_depth(self.channels, self.depth_multiplier, "channels"), self.width_multiplier, "channels"
+        )
         return channels, _scaled_widths([self.hidden], self.width_multiplier, "hidden")[0]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn

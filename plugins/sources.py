@@ -13,9 +13,9 @@ apply. Every other failure names the file and says what to do.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow
 import pyarrow.dataset as ds
@@ -25,10 +25,27 @@ EXTENSIONS = {"parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz")}
 S3_ATTEMPTS = 5  # the AWS SDK's standard retry strategy: exponential backoff with jitter
 
 # AWS SDK error names in pyarrow's messages, by what they mean for the user.
-TRANSIENT = ("NETWORK_CONNECTION", "SLOW_DOWN", "THROTTLING", "SERVICE_UNAVAILABLE", "INTERNAL_FAILURE",
-             "REQUEST_TIMEOUT", "REQUEST_TIME_TOO_SKEWED", "HTTP status 5", "HTTP response code: 5")
-DENIED = ("ACCESS_DENIED", "INVALID_ACCESS_KEY_ID", "SIGNATURE_DOES_NOT_MATCH", "UNRECOGNIZED_CLIENT",
-          "MISSING_AUTHENTICATION_TOKEN", "EXPIRED_TOKEN", "HTTP status 403", "HTTP response code: 403")
+TRANSIENT = (
+    "NETWORK_CONNECTION",
+    "SLOW_DOWN",
+    "THROTTLING",
+    "SERVICE_UNAVAILABLE",
+    "INTERNAL_FAILURE",
+    "REQUEST_TIMEOUT",
+    "REQUEST_TIME_TOO_SKEWED",
+    "HTTP status 5",
+    "HTTP response code: 5",
+)
+DENIED = (
+    "ACCESS_DENIED",
+    "INVALID_ACCESS_KEY_ID",
+    "SIGNATURE_DOES_NOT_MATCH",
+    "UNRECOGNIZED_CLIENT",
+    "MISSING_AUTHENTICATION_TOKEN",
+    "EXPIRED_TOKEN",
+    "HTTP status 403",
+    "HTTP response code: 403",
+)
 
 
 @dataclass(frozen=True)
@@ -51,7 +68,8 @@ def filesystem(uri: str) -> pafs.FileSystem:
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return pafs.S3FileSystem(
-        endpoint_override=endpoint, region=region,
+        endpoint_override=endpoint,
+        region=region,
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
     )
 
@@ -84,7 +102,7 @@ def readable(exc: Exception, uri: str, doing: str) -> Exception:
 
 def listing(uri: str, fmt: str) -> list[Source]:
     """Every `fmt` file at `uri` (a file, a directory, or an s3:// prefix), in sorted order."""
-    fs, root = filesystem(uri), (uri[len("s3://"):] if is_s3(uri) else str(Path(uri).expanduser()))
+    fs, root = filesystem(uri), (uri[len("s3://") :] if is_s3(uri) else str(Path(uri).expanduser()))
     try:
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.File:
@@ -99,8 +117,9 @@ def listing(uri: str, fmt: str) -> list[Source]:
         if is_s3(uri) and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
             raise ValueError(f"data.options.path {uri!r}: the bucket {bucket!r} does not exist")
         raise ValueError(f"data.options.path {uri!r} does not exist")
-    files = sorted((i for i in infos if i.type == pafs.FileType.File and i.path.endswith(EXTENSIONS[fmt])),
-                   key=lambda i: i.path)
+    files = sorted(
+        (i for i in infos if i.type == pafs.FileType.File and i.path.endswith(EXTENSIONS[fmt])), key=lambda i: i.path
+    )
     if not files:
         raise ValueError(f"data.options.path {uri!r} holds no {' or '.join(EXTENSIONS[fmt])} files")
     prefix = "s3://" if is_s3(uri) else ""

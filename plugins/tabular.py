@@ -23,8 +23,8 @@ info (`inferred`), so flyscale can pin it and hold later batches to it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,7 @@ class TabularOptions:
             )
         if self.format not in ("", *sources.EXTENSIONS):
             raise ValueError(f"data.options.format must be one of {', '.join(sources.EXTENSIONS)}, got {self.format!r}")
-        if sources.is_s3(self.path) and not self.path[len("s3://"):].split("/")[0]:
+        if sources.is_s3(self.path) and not self.path[len("s3://") :].split("/")[0]:
             raise ValueError(f"data.options.path {self.path!r} names no bucket; expected s3://bucket/prefix")
         if not self.label.strip():
             raise ValueError("data.options.label must name the label column")
@@ -85,8 +85,12 @@ class TabularOptions:
 
 def _numeric(kind: pyarrow.DataType) -> bool:
     # A column of nothing but nulls (a CSV with no rows, or with every value missing) holds no text.
-    return pyarrow.types.is_integer(kind) or pyarrow.types.is_floating(kind) or pyarrow.types.is_boolean(kind) \
+    return (
+        pyarrow.types.is_integer(kind)
+        or pyarrow.types.is_floating(kind)
+        or pyarrow.types.is_boolean(kind)
         or pyarrow.types.is_null(kind)
+    )
 
 
 def _text_examples(source: sources.Source, fmt: str, column: str) -> list[str]:
@@ -140,8 +144,9 @@ class Tabular:
                 types[name] = "double" if name in types and types[name] != str(kind) else str(kind)
         return features, types
 
-    def _check_file(self, options: TabularOptions, source: sources.Source, found: pyarrow.Schema,
-                    features: list[str]) -> None:
+    def _check_file(
+        self, options: TabularOptions, source: sources.Source, found: pyarrow.Schema, features: list[str]
+    ) -> None:
         """A file's columns must be exactly the features, the label and the ignored ones, features numeric."""
         names = set(found.names)
         expected = set(features) | {options.label}
@@ -194,13 +199,18 @@ class Tabular:
         unknown = sorted(set(options.ranges) - set(features))
         if unknown:
             raise ValueError(f"data.options.ranges names {unknown}, which are not feature columns of {files[0].uri}")
-        inferred = [name for name, given in (("features", options.features), ("num_classes", options.num_classes))
-                    if not given]
+        inferred = [
+            name for name, given in (("features", options.features), ("num_classes", options.num_classes)) if not given
+        ]
         return DatasetInfo(
-            name=f"{self._fmt(options)}:{options.path}", num_classes=options.num_classes or self._classes(options, files),
-            input_shape=shape, feature_columns=features, label_column=LABEL,
+            name=f"{self._fmt(options)}:{options.path}",
+            num_classes=options.num_classes or self._classes(options, files),
+            input_shape=shape,
+            feature_columns=features,
+            label_column=LABEL,
             feature_ranges={c: [float(b) for b in options.ranges[c]] for c in features if c in options.ranges},
-            feature_dtypes=types, inferred=inferred,
+            feature_dtypes=types,
+            inferred=inferred,
         )
 
     def load(self, options: TabularOptions) -> pd.DataFrame:
@@ -216,7 +226,6 @@ class Tabular:
             frames.append(frame)
         frame = pd.concat(frames, ignore_index=True).rename(columns={options.label: LABEL})
         return frame[[*features, LABEL, SOURCE_FILE, SOURCE_ROW]]
-
 
     def chunks(self, options: TabularOptions, rows: int = 65_536) -> Iterator[pd.DataFrame]:
         """The rows of every file, a chunk at a time, with where each came from (as `load` gives them)."""

@@ -1,6 +1,7 @@
 """Data stages: fingerprint, then either (in memory) load, validate, split and augment, or (data
 larger than memory) prepare the stream: validate chunk by chunk and split as it goes. Both end
-with the splits as Parquet shards (flyscale/shards.py), which is all training sees."""
+with the splits as Parquet shards (flyscale/data/shards.py), which is all training sees, and
+what validation found (tasks/records.py ValidatedData)."""
 
 from __future__ import annotations
 
@@ -12,43 +13,64 @@ from flytekit import Deck, HashMethod, task
 from flytekit.types.directory import FlyteDirectory
 from pandera.typing import DataFrame
 
-from flyscale import data, shards, stream_prep, tracking, validation, validation_report
-from flyscale.caching import LIBRARIES, code_cache
 from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.data import DataFingerprint
-from flyscale.provenance import TaskRun, execution_key
-from flyscale.schemas import LabeledFrame
-from flyscale.shards import Shards
-from flyscale.validation import Profile, Reference, ValidationReport
+from flyscale.data import shards, source, stream_prep, validation
+from flyscale.data.augment import augment
+from flyscale.data.drift import profile
+from flyscale.data.reference import Reference
+from flyscale.data.schemas import LabeledFrame
+from flyscale.data.shards import Shards
+from flyscale.data.source import DataFingerprint, frame_hash
+from flyscale.data.split import split
+from flyscale.flyte.caching import LIBRARIES, code_cache
+from flyscale.flyte.provenance import TaskRun, execution_key
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.render import validation_report
+from flyscale.tracking.reference import read_reference as read_reference_of
 from tasks.common import DECKS, SMALL, TASK
+from tasks.records import ValidatedData
 
-Fingerprinted = NamedTuple(
-    "Fingerprinted", [("fingerprint", DataFingerprint), ("streaming", bool), ("run", TaskRun)]
-)
+
+class Fingerprinted(NamedTuple):
+    fingerprint: DataFingerprint
+    streaming: bool
+    run: TaskRun
+
+
 # Keyed by content downstream: a reload of identical bytes (a touched file) re-runs nothing after it.
-Loaded = NamedTuple(
-    "Loaded",
-    [("raw", Annotated[pd.DataFrame, HashMethod(data.frame_hash)]), ("info", DatasetInfo), ("content", DataFingerprint),
-     ("run", TaskRun)],
-)
+class Loaded(NamedTuple):
+    raw: Annotated[pd.DataFrame, HashMethod(frame_hash)]
+    info: DatasetInfo
+    content: DataFingerprint
+    run: TaskRun
+
+
 # The clean rows are keyed by content downstream: re-validated against a new reference, the same
 # rows re-run nothing after them (no retraining because the champion changed).
-Validated = NamedTuple(
-    "Validated",
-    [("clean", Annotated[DataFrame[LabeledFrame], HashMethod(data.frame_hash)]),
-     ("quarantined", Shards), ("report", ValidationReport),
-     ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("run", TaskRun)],
-)
-Splits = NamedTuple(
-    "Splits", [("train", DataFrame[LabeledFrame]), ("val", Shards), ("test", Shards), ("run", TaskRun)]
-)
-Augmented = NamedTuple("Augmented", [("train", Shards), ("run", TaskRun)])
-Streamed = NamedTuple(
-    "Streamed",
-    [("train", Shards), ("val", Shards), ("test", Shards), ("quarantined", Shards), ("report", ValidationReport),
-     ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("run", TaskRun)],
-)
+class Validated(NamedTuple):
+    clean: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
+    validated: ValidatedData
+    run: TaskRun
+
+
+class Splits(NamedTuple):
+    train: DataFrame[LabeledFrame]
+    val: Shards
+    test: Shards
+    run: TaskRun
+
+
+class Augmented(NamedTuple):
+    train: Shards
+    run: TaskRun
+
+
+class Streamed(NamedTuple):
+    train: Shards
+    val: Shards
+    test: Shards
+    validated: ValidatedData
+    run: TaskRun
 
 
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
@@ -58,7 +80,7 @@ def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
     """The identity of the configured data as it is now (see the dataset's fingerprint())."""
     run = TaskRun.start("fingerprint_data", execution=execution_key())
     streaming = bool(cfg.plugin.attribute("streaming"))
-    return Fingerprinted(fingerprint=data.fingerprint(cfg), streaming=streaming, run=run.done())
+    return Fingerprinted(fingerprint=source.fingerprint(cfg), streaming=streaming, run=run.done())
 
 
 @task(cache=code_cache("datasets"), **TASK, requests=SMALL)
@@ -66,34 +88,42 @@ def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
     """Load the configured dataset as it is, before any checks (keyed on the source's fingerprint),
     and the fingerprint of what was loaded (its content), which later stages record."""
     run = TaskRun.start("load_data")
-    raw, info = data.load(cfg)
-    return Loaded(raw=raw, info=info, content=data.content_fingerprint(raw, cfg), run=run.done())
+    raw, info = source.load(cfg)
+    return Loaded(raw=raw, info=info, content=source.content_fingerprint(raw, cfg), run=run.done())
 
 
 # Never cached: it reads the champion as it is now (or a reference file), like the gate.
 @task(cache=False, **TASK, requests=SMALL)
 def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprint) -> Reference:
     """The reference the data is validated against: the champion's pinned schema and data profile."""
-    return tracking.read_reference(store, cfg.reference, content.value)
+    return read_reference_of(store, cfg.reference, content.value)
 
 
-@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), **TASK, requests=SMALL,
-      enable_deck=True, deck_fields=DECKS)
-def validate_data(raw: pd.DataFrame, info: DatasetInfo, cfg: DataConfig, reference: Reference) -> Validated:
+@task(
+    cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
+    **TASK,
+    requests=SMALL,
+    enable_deck=True,
+    deck_fields=DECKS,
+)
+def validate_data(
+    raw: pd.DataFrame, info: DatasetInfo, content: DataFingerprint, cfg: DataConfig, reference: Reference
+) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
     run = TaskRun.start("validate_data")
     clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
-    profile = validation.profile(clean, pinned)
-    files = validation_report.write(report, bad, clean, pinned, profile, reference)
+    data_profile = profile(clean, pinned)
+    files = validation_report.write(report, bad, clean, pinned, data_profile, reference)
     Deck("Data validation", (Path(files) / "validation.html").read_text())
-    return Validated(clean, shards.write(bad, "quarantine"), report, pinned, profile, FlyteDirectory(files), run.done())
+    found = ValidatedData(pinned, content, report, shards.write(bad, "quarantine"), data_profile, FlyteDirectory(files))
+    return Validated(clean, found, run.done())
 
 
 @task(cache=code_cache(), **TASK, requests=SMALL)
 def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
     """Stratified, seeded train/validation/test split."""
     run = TaskRun.start("split_data")
-    train, val, test = data.split(clean, cfg)
+    train, val, test = split(clean, cfg)
     return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"), run=run.done())
 
 
@@ -101,21 +131,29 @@ def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
 def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: AugmentConfig) -> Augmented:
     """Add augmented copies of the training rows (validation and test stay untouched)."""
     run = TaskRun.start("augment_data")
-    return Augmented(train=shards.write(data.augment(train, info, cfg), "train"), run=run.done())
+    return Augmented(train=shards.write(augment(train, info, cfg), "train"), run=run.done())
 
 
-@task(cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")), **TASK, requests=SMALL,
-      enable_deck=True, deck_fields=DECKS)
+@task(
+    cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
+    **TASK,
+    requests=SMALL,
+    enable_deck=True,
+    deck_fields=DECKS,
+)
 def prepare_stream(cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference) -> Streamed:
     """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
     three splits as shards as it streams by (keyed on the source's fingerprint)."""
     run = TaskRun.start("prepare_stream")
-    info = data.info(cfg)
-    r = cfg.plugin
-    prepared = stream_prep.prepare(r.plugin.chunks(r.options), cfg, info, reference, seed=cfg.seed)
+    info = source.info(cfg)
+    prepared = stream_prep.prepare(source.chunks(cfg), cfg, info, reference, seed=cfg.seed)
     quarantined = shards.head(prepared.quarantined.dir.path, 10_000)  # what the report shows examples of
-    files = validation_report.write(prepared.report, quarantined, prepared.sample, prepared.info,
-                                    prepared.profile, reference)
+    files = validation_report.write(
+        prepared.report, quarantined, prepared.sample, prepared.info, prepared.profile, reference
+    )
     Deck("Data validation", (Path(files) / "validation.html").read_text())
-    return Streamed(prepared.train, prepared.val, prepared.test, prepared.quarantined, prepared.report, prepared.info,
-                    prepared.profile, FlyteDirectory(files), run.done())
+    # Held to the reference by the source's fingerprint: hashing the content would read it all.
+    found = ValidatedData(
+        prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
+    )
+    return Streamed(prepared.train, prepared.val, prepared.test, found, run.done())

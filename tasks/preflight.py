@@ -8,15 +8,7 @@ from typing import NamedTuple
 from flytekit import task
 from flytekit.core.task import TaskPlugins
 
-from flyscale import artifacts, data, distributed, preflight
-from flyscale.caching import code_cache
-from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.preflight import PreflightReport
-from flyscale.provenance import TaskRun
-from flyscale.shards import Shards
-from tasks.common import TASK
-from tasks.elastic import (
+from flyscale.cluster.launchers import (
     LocalSafeElastic,
     LocalSafeElasticTask,
     launcher_environment,
@@ -24,8 +16,22 @@ from tasks.elastic import (
     training_launcher,
     training_resources,
 )
+from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
+from flyscale.data.shards import Shards
+from flyscale.flyte.caching import code_cache
+from flyscale.flyte.provenance import TaskRun
+from flyscale.model import build_model
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.train import distributed, preflight
+from flyscale.train.batches import train_data_from
+from flyscale.train.preflight import PreflightReport
+from flyscale.train.strategies import strategy, wants_meta_model
+from tasks.common import task_options
 
-Checked = NamedTuple("Checked", [("report", PreflightReport), ("run", TaskRun)])
+
+class Checked(NamedTuple):
+    report: PreflightReport
+    run: TaskRun
 
 
 @dataclasses.dataclass
@@ -55,9 +61,8 @@ def _launcher():
 @task(
     task_config=_launcher(),
     cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}),
-    **TASK,
+    **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
-    environment=launcher_environment(),  # the pod builds the launcher that was registered
 )
 def preflight_check(
     train: Shards,
@@ -70,10 +75,15 @@ def preflight_check(
     """Fail fast, with the numbers, if N workers do not compute what one process computes."""
     run = TaskRun.start("preflight_check")
     with distributed.process_group() as ctx:
-        strategy, options = artifacts.strategy(cfg)
+        train_fn, options = strategy(cfg)
         report = preflight.run_preflight(
-            lambda: artifacts.build_model(model_cfg, info, meta=artifacts.wants_meta_model(cfg)),
-            data.train_data_from(train, val, info), cfg,
-            preflight_cfg, ctx, strategy, options,
+            lambda: build_model(model_cfg, info, meta=wants_meta_model(cfg)),
+            train_data_from(train, val, info),
+            cfg,
+            preflight_cfg,
+            ctx,
+            train_fn,
+            options,
         )
-        return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if ctx.is_main else None)
+        # The report is rank 0's (the other ranks get None).
+        return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if report is not None else None)

@@ -8,33 +8,100 @@ import torch
 from flytekit import Deck, task
 from flytekit.types.file import FlyteFile
 
-from flyscale import artifacts, data, distributed, report, tracking, training
-from flyscale.caching import code_cache
-from flyscale.checkpoint import Checkpointer, run_directory
+from flyscale.cluster.launchers import (
+    launcher_environment,
+    launcher_facts,
+    training_launcher,
+    training_resources,
+    training_retries,
+)
+from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
 from flyscale.config import MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.data import DataFingerprint
-from flyscale.preflight import PreflightReport
-from flyscale.provenance import TaskRun
-from flyscale.shards import Shards
-from flyscale.training import TrainHistory
-from tasks.common import DECKS, TASK
-from tasks.elastic import launcher_environment, launcher_facts, training_launcher, training_resources, training_retries
-from tasks.recovery import FlyteMirror, lost_peers_retryable
+from flyscale.data.shards import Shards
+from flyscale.data.source import DataFingerprint
+from flyscale.flyte.caching import code_cache
+from flyscale.flyte.provenance import TaskRun
+from flyscale.model import build_model, save_state
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.render.decks import learning_curves_html
+from flyscale.tracking.live import LiveRun
+from flyscale.tracking.store import run_name
+from flyscale.train import distributed
+from flyscale.train.batches import train_data_from
+from flyscale.train.checkpoint import Checkpointer
+from flyscale.train.checkpoint_files import run_directory
+from flyscale.train.loop import Hooks
+from flyscale.train.preflight import PreflightReport
+from flyscale.train.strategies import strategy, wants_meta_model
+from tasks.common import DECKS, task_options
+from tasks.records import TrainedModel
 
-Trained = NamedTuple("Trained", [("weights", FlyteFile), ("history", TrainHistory), ("run", TaskRun)])
+
+class Trained(NamedTuple):
+    model: TrainedModel
+    run: TaskRun
+
+
+# The launcher decides the global batch, so the same inputs on other workers are another model.
+# Where the live curves go (the store, this execution's start and data version) and how the run
+# recovers from failures are no part of the model.
+IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery")
+
+
+def train_job(
+    train: Shards,
+    val: Shards,
+    info: DatasetInfo,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    fingerprint: DataFingerprint,
+    started: TaskRun,
+    mlflow_cfg: MlflowConfig,
+    recovery: RecoveryConfig,
+    threads: int = 0,
+) -> TrainedModel | None:
+    """The training job, on every worker: the configured strategy on the model, with this run's
+    checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
+    others return None (or, in a classic PyTorchJob pod, tell Flyte their outputs are not the
+    task's). `threads` > 0: each worker's torch threads (a scaling study's share)."""
+    with lost_peers_retryable(), distributed.process_group(recovery.collective_timeout_s, threads) as ctx:
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
+        model = build_model(model_cfg, info, meta=wants_meta_model(cfg))
+        train_fn, options = strategy(cfg)
+        live = None
+        if ctx.is_main:
+            name = run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
+            live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
+        checkpointer = Checkpointer(
+            run_directory(recovery.checkpoint_dir, started.execution, started.started_at),
+            every_steps=recovery.checkpoint_every_steps,
+            every_minutes=recovery.checkpoint_every_minutes,
+            keep=recovery.keep_checkpoints,
+            resume=recovery.resume,
+            mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
+        )
+        # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
+        # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
+        hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
+        result = train_fn(model, train_data_from(train, val, info), cfg, ctx, options, hooks)
+        if len(result.history.epochs) != cfg.epochs:  # never hand on a model from a run cut short
+            raise RuntimeError(f"training ended after {len(result.history.epochs)} of {cfg.epochs} epochs")
+        ctx.barrier()  # every rank is past its last checkpoint read or write
+        if not ctx.is_main:
+            return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
+        assert live is not None  # rank 0 opened it above
+        checkpointer.discard()  # finished: the weights are the task's output from here on
+        result.history.mlflow_run_id = live.run_id
+        Deck("Learning curves", learning_curves_html(result.history))
+        return TrainedModel(FlyteFile(save_state(result.model, "model.pt")), result.history)
 
 
 @task(
     task_config=training_launcher(),
-    # The launcher decides the global batch, so the same inputs on other workers are another model.
-    # Where the live curves go (the store, this execution's start and data version) and how the run
-    # recovers from failures are no part of the model.
-    cache=code_cache("models", "strategies", facts={"launcher": launcher_facts},
-                     ignored_inputs=("fingerprint", "started", "mlflow_cfg", "recovery")),
-    **TASK,
+    cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}, ignored_inputs=IGNORED),
+    **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
-    environment=launcher_environment(),  # the pod builds the launcher that was registered
     # Spot nodes are fine: a preempted attempt is retried and resumes from its last checkpoint.
     interruptible=True,
     retries=training_retries(),
@@ -51,39 +118,11 @@ def train_model(
     fingerprint: DataFingerprint,
     started: TaskRun,
     mlflow_cfg: MlflowConfig,
-    recovery: RecoveryConfig = RecoveryConfig(),
+    recovery: RecoveryConfig = RecoveryConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
     resumes from the newest one this run wrote (after a worker restart or a Flyte retry)."""
     run = TaskRun.start("train_model")
-    with lost_peers_retryable(), distributed.process_group(timeout_s=recovery.collective_timeout_s) as ctx:
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
-        model = artifacts.build_model(model_cfg, info, meta=artifacts.wants_meta_model(cfg))
-        strategy, options = artifacts.strategy(cfg)
-        live = None
-        if ctx.is_main:
-            name = tracking.run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
-            live = tracking.LiveRun(mlflow_cfg, name, started.started_at, started.execution)
-        checkpointer = Checkpointer(
-            run_directory(recovery.checkpoint_dir, started.execution, started.started_at),
-            every_steps=recovery.checkpoint_every_steps, every_minutes=recovery.checkpoint_every_minutes,
-            keep=recovery.keep_checkpoints, resume=recovery.resume,
-            mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
-        )
-        # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
-        # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
-        with training.on_epoch(live.epoch if live else lambda m: None), training.checkpointing(checkpointer):
-            result = strategy(model, data.train_data_from(train, val, info), cfg, ctx, options)
-        if len(result.history.epochs) != cfg.epochs:  # never hand on a model from a run cut short
-            raise RuntimeError(f"training ended after {len(result.history.epochs)} of {cfg.epochs} epochs")
-        ctx.barrier()  # every rank is past its last checkpoint read or write
-        if ctx.is_main:
-            checkpointer.discard()  # finished: the weights are the task's output from here on
-        if not ctx.is_main:
-            return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
-        result.history.mlflow_run_id = live.run_id
-        Deck("Learning curves", report.learning_curves_html(result.history))
-        path = artifacts.save_state(result.model, "model.pt")
-        return distributed.rank_zero_outputs(ctx, Trained(FlyteFile(path), result.history, run.done()))
+    trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery)
+    return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

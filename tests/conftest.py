@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -55,10 +55,18 @@ def mlflow_server_at(root: Path) -> Iterator[str]:
     block ends; yields its URI. (The benchmarks start theirs with this too.)"""
     uri = f"http://127.0.0.1:{free_port()}"
     cmd = [
-        str(BIN / "mlflow"), "server",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", str(root / "artifacts"),
-        "--host", "127.0.0.1", "--port", uri.rsplit(":", 1)[1], "--workers", "1",
+        str(BIN / "mlflow"),
+        "server",
+        "--backend-store-uri",
+        f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(root / "artifacts"),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        uri.rsplit(":", 1)[1],
+        "--workers",
+        "1",
     ]
     with serve(cmd, f"{uri}/health", root / "server.log", timeout=120):
         yield uri
@@ -102,8 +110,9 @@ PIPELINE = ("workflows/train.py", "training_pipeline")
 NIGHTLY = ("workflows/launch_plans.py", "nightly_retraining")  # its inputs: FLYSCALE_PRODUCTION_CONFIG
 
 
-def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int = 600,
-                 target: tuple[str, str] = PIPELINE) -> subprocess.CompletedProcess:
+def run_pipeline(
+    home: Path, *args: str, env: dict | None = None, timeout: int = 600, target: tuple[str, str] = PIPELINE
+) -> subprocess.CompletedProcess:
     """`pyflyte run workflows/train.py training_pipeline ARGS` (or another file and entity) from
     the repo root, as a user types it.
 
@@ -113,5 +122,9 @@ def run_pipeline(home: Path, *args: str, env: dict | None = None, timeout: int =
     full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", "COLUMNS": "400", **(env or {})}
     return subprocess.run(
         [str(BIN / "pyflyte"), "run", *target, *args],
-        cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )

@@ -7,10 +7,10 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 # (method, path, body) -> True to fail the request
@@ -77,7 +77,9 @@ class FaultProxy:
                 rule = proxy.rule
                 if rule is not None and rule(self.command, self.path, body):
                     proxy.failed.append(f"{self.command} {self.path}")
-                    payload = json.dumps({"error_code": "TEMPORARILY_UNAVAILABLE", "message": "injected fault"}).encode()
+                    payload = json.dumps(
+                        {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "injected fault"}
+                    ).encode()
                     self.send_response(503)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
@@ -85,8 +87,11 @@ class FaultProxy:
                     self.wfile.write(payload)
                     return
                 conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("host", "connection", "transfer-encoding", "content-length")}
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("host", "connection", "transfer-encoding", "content-length")
+                }
                 headers["Content-Length"] = str(len(body))
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from flytekit.core.base_task import Task
 from flytekit.core.condition import BranchNode

@@ -8,8 +8,9 @@ OUT/ckpt. With DEST (and PREV) every worker runs inside flytekit's task setup wi
 checkpoint destination (and previous attempt's checkpoint): Flyte's checkpoint API as an attempt
 on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s);
 FLYSCALE_TEST_SEED the seed (default 3); FLYSCALE_TEST_CKPT_BASE and FLYSCALE_TEST_STARTED_AT
-put the checkpoints under a shared base, in the run's own directory. Rank 0 writes OUT/weights.pt and OUT/history.json; every worker writes its
-pid to OUT/pids/rank<R>-restart<N> so a test knows whom to kill.
+put the checkpoints under a shared base, in the run's own directory. Rank 0 writes
+OUT/weights.pt and OUT/history.json; every worker writes its pid to OUT/pids/rank<R>-restart<N>
+so a test knows whom to kill.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 def _data():
     from sklearn.datasets import load_digits
 
-    from flyscale.training import TrainData
+    from flyscale.train.batches import TrainData
 
     x, y = load_digits(return_X_y=True)
     x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.int64)
@@ -36,27 +37,31 @@ def _data():
 def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev: str = "") -> None:
     import contextlib
 
-    from flyscale import training
-    from flyscale.checkpoint import Checkpointer, run_directory
+    from flyscale.cluster.recovery import FlyteMirror
     from flyscale.config import TrainConfig
-    from flyscale.distributed import process_group
+    from flyscale.train.checkpoint import Checkpointer
+    from flyscale.train.checkpoint_files import run_directory
+    from flyscale.train.distributed import process_group
+    from flyscale.train.loop import Hooks
     from flyscale_plugins.datasets import digits
     from flyscale_plugins.models import MLP, MLPOptions
     from flyscale_plugins.strategies.ddp import DDPOptions, ddp
     from flyscale_plugins.strategies.pipeline import PipelineOptions, pipeline
-    from tasks.recovery import FlyteMirror
 
     root = Path(out)
     setup = contextlib.nullcontext()
     if dest:
         from flytekit.bin.entrypoint import setup_execution
 
-        setup = setup_execution(raw_output_data_prefix=str(root / "raw"), checkpoint_path=dest,
-                                prev_checkpoint=prev or None)
+        setup = setup_execution(
+            raw_output_data_prefix=str(root / "raw"), checkpoint_path=dest, prev_checkpoint=prev or None
+        )
     with setup, process_group(timeout_s=float(os.environ.get("FLYSCALE_TEST_TIMEOUT_S", "30"))) as ctx:
         pids = root / "pids"
         pids.mkdir(exist_ok=True)
-        (pids / f"rank{ctx.rank}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}").write_text(str(os.getpid()))
+        (pids / f"rank{ctx.rank}-restart{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}").write_text(
+            str(os.getpid())
+        )
         seed = int(os.environ.get("FLYSCALE_TEST_SEED", "3"))
         torch.manual_seed(seed - 3)
         # Dropout draws from the RNG every step: an exact resume must put the RNG back too.
@@ -66,32 +71,49 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
         # FLYSCALE_TEST_CKPT_BASE: the run's directory under a base shared by several runs, keyed as
         # the training task keys it (the execution, and when it started: FLYSCALE_TEST_STARTED_AT).
         shared = os.environ.get("FLYSCALE_TEST_CKPT_BASE")
-        ckpt_root = run_directory(shared, "local", float(os.environ["FLYSCALE_TEST_STARTED_AT"])) if shared else root / "ckpt"
-        checkpointer = Checkpointer(ckpt_root, every_steps=every, keep=2,
-                                    mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None)
-        with training.checkpointing(checkpointer):
-            result = fn(model, _data(), cfg, ctx, options)
+        ckpt_root = (
+            run_directory(shared, "local", float(os.environ["FLYSCALE_TEST_STARTED_AT"])) if shared else root / "ckpt"
+        )
+        checkpointer = Checkpointer(
+            ckpt_root, every_steps=every, keep=2, mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None
+        )
+        result = fn(model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
         if ctx.is_main:
             torch.save(result.model.state_dict(), root / "weights.pt")
             h = result.history
-            (root / "history.json").write_text(json.dumps({
-                "steps": h.steps, "steps_run": h.steps_run, "resumed_from_step": h.resumed_from_step,
-                "resumed_from": h.resumed_from, "epochs": len(h.epochs), "saved": checkpointer.saved,
-                "train_loss": [m.train_loss for m in h.epochs],
-            }))
+            (root / "history.json").write_text(
+                json.dumps(
+                    {
+                        "steps": h.steps,
+                        "steps_run": h.steps_run,
+                        "resumed_from_step": h.resumed_from_step,
+                        "resumed_from": h.resumed_from,
+                        "epochs": len(h.epochs),
+                        "saved": checkpointer.saved,
+                        "train_loss": [m.train_loss for m in h.epochs],
+                    }
+                )
+            )
 
 
 def main(argv: list[str]) -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    import flyscale.cluster.recovery  # noqa: F401
     import flyscale_plugins.strategies.pipeline  # noqa: F401  imported once, before the workers fork
-    import tasks.recovery  # noqa: F401
-    from tasks.elastic import worker_start_method
+    from flyscale.cluster.launchers import worker_start_method
 
     out, strategy, nproc, restarts, every, epochs, *rest = argv
     config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=int(nproc), run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0", max_restarts=int(restarts), monitor_interval=0.1, start_method=worker_start_method(int(nproc)),
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=int(nproc),
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=int(restarts),
+        monitor_interval=0.1,
+        start_method=worker_start_method(int(nproc)),
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     elastic_launch(config, train)(out, strategy, int(every), int(epochs), *rest)

@@ -1,26 +1,24 @@
-"""The habits in DESIGN.md, checked: they hold because a test fails when they break."""
+"""The habits of docs/architecture.md, checked: they hold because a test fails when they break."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ["flyscale", "plugins", "tasks", "workflows"]
 RANK_ENV = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE)["']""")
 
-# Each folder's import name and the layers it may import. Arrows point one way:
-# workflows -> tasks -> flyscale, and plugins -> flyscale; the core imports none of the others.
+# Each folder's import name. The import rules themselves are import-linter contracts in pyproject.toml.
 LAYERS = {"flyscale": "flyscale", "plugins": "flyscale_plugins", "tasks": "tasks", "workflows": "workflows"}
-ALLOWED = {
-    "flyscale": {"flyscale"},
-    "flyscale_plugins": {"flyscale", "flyscale_plugins"},
-    "tasks": {"flyscale", "tasks"},
-    "workflows": {"flyscale", "tasks", "workflows"},
-}
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 IMPORT_FUNCTIONS = {"import_module", "__import__", "find_spec"}
 
 
@@ -29,12 +27,14 @@ def _sources():
         yield from sorted((REPO / pkg).rglob("*.py"))
 
 
-def imported_modules(path: Path, module: str) -> list[tuple[int, str]]:
+def imported_modules(path: Path, module: str, calls_only: bool = False) -> list[tuple[int, str]]:
     """(line, module) for every import in the file: at top level or inside a function, and
-    `importlib.import_module("...")`-style calls with a literal name, so no lazy import hides."""
+    `importlib.import_module("...")`-style calls with a literal name (only those, with `calls_only`)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
+        if calls_only and isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -65,22 +65,80 @@ def import_arrows() -> list[tuple[str, str, str]]:
     return arrows
 
 
-def test_dependencies_point_one_way():
-    """workflows -> tasks -> flyscale and plugins -> flyscale; nothing points back, lazily or not."""
-    arrows = import_arrows()
-    assert len(arrows) > 50  # the walk really sees the project's imports
-    wrong = [f"{where}: {layer} imports {top}" for where, layer, top in arrows if top not in ALLOWED[layer]]
-    assert wrong == [], "imports against the layering:\n" + "\n".join(wrong)
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter over the tree at `root` (its pyproject's contracts), importing that tree's code."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache"], cwd=root, env=env, capture_output=True, text=True)
 
 
-def test_the_import_walk_catches_a_lazy_import_the_wrong_way(tmp_path):
-    """The check above can fail: an import hidden in a function, or by name, is still an arrow."""
+def test_the_import_contracts_hold():
+    """workflows -> tasks -> flyscale, plugins -> flyscale, and the core's rooms one way (pyproject.toml)."""
+    out = _lint_imports(REPO)
+    assert out.returncode == 0 and "0 broken" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory):
+    """The project's import packages as they install (plugins/ as flyscale_plugins), to plant imports in."""
+    root = tmp_path_factory.mktemp("tree")
+    for folder, name in LAYERS.items():
+        shutil.copytree(REPO / folder, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "pyproject.toml", root)
+    assert _lint_imports(root).returncode == 0  # the copy is as good as the original before a plant
+    return root
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "broken"),
+    [
+        ("flyscale/data/split.py", "from flyscale.tracking import store", "the core's rooms"),
+        ("flyscale/config/base.py", "def f():\n    import flyscale_plugins.models", "workflows wire tasks"),
+        ("tasks/common.py", "from workflows import train", "workflows wire tasks"),
+    ],
+)
+def test_an_import_planted_the_wrong_way_breaks_a_contract(tree_copy, module, planted, broken):
+    """The contracts can fail: a room importing one above it, the core importing a plugin (even
+    lazily, inside a function), a task importing a workflow."""
+    path = tree_copy / module
+    original = path.read_text()
+    path.write_text(original + "\n\n" + planted + "\n")
+    try:
+        out = _lint_imports(tree_copy)
+    finally:
+        path.write_text(original)
+    assert out.returncode != 0, out.stdout
+    assert f"{broken}" in out.stdout and "BROKEN" in out.stdout, out.stdout
+
+
+def test_no_first_party_module_is_imported_by_name_where_the_linter_cannot_see_it():
+    """import-linter reads import statements; `importlib.import_module("tasks.x")` would hide an arrow."""
+    first_party = set(LAYERS.values()) | set(LAYERS)
+    hidden = [
+        f"{path.relative_to(REPO)}:{line}: {name}"
+        for path in _sources()
+        for line, name in imported_modules(path, "x.y", calls_only=True)
+        if name.split(".")[0] in first_party
+    ]
+    assert hidden == []
+
+
+def test_the_import_walk_sees_imports_by_name(tmp_path):
     sneaky = tmp_path / "config.py"
-    sneaky.write_text(
-        "def f():\n    from flyscale_plugins import models\n"
-        "def g():\n    import importlib\n    return importlib.import_module('tasks.train')\n"
-    )
-    assert [m for _, m in imported_modules(sneaky, "flyscale.config")] == ["flyscale_plugins", "importlib", "tasks.train"]
+    sneaky.write_text("def g():\n    import importlib\n    return importlib.import_module('tasks.train')\n")
+    assert [m for _, m in imported_modules(sneaky, "flyscale.config", calls_only=True)] == ["tasks.train"]
+
+
+def test_every_sub_package_is_in_the_wheel():
+    """pyproject lists the packages; a new room left out of it would be missing from the image."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "flyscale").rglob("__init__.py")}
+    on_disk |= {
+        ".".join(("flyscale_plugins", *p.parent.relative_to(REPO / "plugins").parts))
+        for p in (REPO / "plugins").rglob("__init__.py")
+    }
+    assert on_disk <= listed, f"add to [tool.setuptools] packages: {sorted(on_disk - listed)}"
 
 
 def test_nothing_imports_the_plugins_folder_by_its_folder_name():
@@ -95,10 +153,9 @@ def test_nothing_imports_the_plugins_folder_by_its_folder_name():
 
 def test_only_distributed_module_reads_rank_variables():
     offenders = [
-        str(p.relative_to(REPO)) for p in _sources()
-        if p.name != "distributed.py" and RANK_ENV.search(p.read_text())
+        str(p.relative_to(REPO)) for p in _sources() if p.name != "distributed.py" and RANK_ENV.search(p.read_text())
     ]
-    assert offenders == [], f"only flyscale/distributed.py may read RANK/LOCAL_RANK/WORLD_SIZE: {offenders}"
+    assert offenders == [], f"only flyscale/train/distributed.py may read RANK/LOCAL_RANK/WORLD_SIZE: {offenders}"
 
 
 def test_no_print_in_library_code():
@@ -124,7 +181,7 @@ def test_workflows_are_wiring_only():
 def test_tasks_are_cached_except_those_that_read_live_state():
     """Everything is cached but the tasks whose job is to see what changed: the data's fingerprint,
     the reference and the gate (the champion as it is now), and the summary of this execution."""
-    from flyscale.registration import ALWAYS_RUN
+    from flyscale.tracking.registration import ALWAYS_RUN
     from tests.flyte_graph import workflow_tasks
     from workflows.train import training_pipeline
 
@@ -137,8 +194,9 @@ def test_tasks_are_cached_except_those_that_read_live_state():
 def test_configs_and_the_plugin_registry_load_without_torch():
     """`flyscale plugins`, config checks and `pyflyte run`'s config parsing start with these:
     torch (3 s) is imported by the plugins that need it, not by the contracts' annotations."""
-    probe = ("import sys, flyscale.config, flyscale.registry, flyscale.cli; "
-             "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))")
+    probe = (
+        "import sys, flyscale.config, flyscale.plugin.registry, flyscale.cli; "
+        "print(sorted(m for m in ('torch', 'pandas') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-

@@ -1,6 +1,6 @@
 """Cache keys on facts, through real `pyflyte run` against a real MLflow server: an unchanged
-rerun (the nightly launch plan's, on a night with unchanged data) is all cache hits; another strategy re-runs training and what follows it; new bytes under
-the same path re-run everything; the same bytes rewritten re-run only the load.
+rerun (the nightly launch plan's, on a night with unchanged data) is all cache hits; another
+strategy re-runs training and what follows it; new bytes under the same path re-run everything; the same bytes rewritten re-run only the load.
 
 The executions double as the end-to-end checks of what they produce, so that no other test pays
 for a pipeline run of its own: the first one's MLflow run (metrics, plots, the latency table,
@@ -22,7 +22,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flyscale.report import DECK_PLOTS
+from flyscale.render.decks import DECK_PLOTS
 from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import NIGHTLY, run_pipeline
 
@@ -61,8 +61,13 @@ def _check_the_first_run(out: str, client: MlflowClient, tmp_path) -> str:
     assert "  warning     communication-bound:" in out and "train.batch_size, now 64" in out
     assert [m.step for m in client.get_metric_history(run_id, "val_accuracy")] == list(range(8))
     artifacts = {a.path for a in client.list_artifacts(run_id, "plots")}
-    assert artifacts == {"plots/confusion_fp32.png", "plots/confusion_int8.png", "plots/reliability_fp32.png",
-                         "plots/learning_curves.png", "plots/latency.png"}
+    assert artifacts == {
+        "plots/confusion_fp32.png",
+        "plots/confusion_int8.png",
+        "plots/reliability_fp32.png",
+        "plots/learning_curves.png",
+        "plots/latency.png",
+    }
     # Drawn once, by the quantize task: its Deck shows the very files the run has, byte for byte.
     decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
     evaluation = [d for d in decks if "<h3>Evaluation on the test split</h3>" in d]
@@ -125,8 +130,15 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     for i, part in enumerate(np.array_split(frame, 2)):
         part.to_parquet(shards / f"part-{i}.parquet", index=False)
     base = {
-        "data": {"dataset": "parquet", "options": {"path": str(shards), "num_classes": 10, "input_shape": [1, 8, 8],
-                                                   "ranges": {c: [0, 16] for c in DIGITS_PIXELS}}},
+        "data": {
+            "dataset": "parquet",
+            "options": {
+                "path": str(shards),
+                "num_classes": 10,
+                "input_shape": [1, 8, 8],
+                "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
+            },
+        },
         "augment": {"copies": 0},
         "train": {"epochs": 8, "batch_size": 64},
         "gate": [{"name": "min_metric", "options": {"threshold": 0.5}}, {"name": "quantization"}],  # it registers
@@ -163,14 +175,33 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     assert _run_id(second.stdout) == run_id  # the cached registration's run: nothing registered twice
     assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
 
+    # The run's own config.yaml (the effective config, every plugin default spelled out), fed back
+    # with --cfg, is the same config: every cache hit again, nothing registered, no alias moved.
+    logged = Path(client.download_artifacts(run_id, "config.yaml", str(tmp_path / "logged")))
+    assert yaml.safe_load(logged.read_text())["model"]["options"]  # the defaults really are spelled out
+    (ran, cached), replay = run(logged)
+    assert ran == set() and cached == set(DATA + TRAINING), replay.stdout[-2000:]
+    assert _run_id(replay.stdout) == run_id
+    assert [v.version for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
+    assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
+
     # Another strategy is another model: training and what follows it run again, the data stays cached.
     # (Fewer workers likewise: the launcher is in training's cache version, tests/test_remote_serialization.py.)
     pipelined = tmp_path / "pipeline.yaml"
-    pipelined.write_text(yaml.safe_dump({
-        **base,
-        "train": {"strategy": "pipeline", "epochs": 20, "batch_size": 64, "options": {"schedule": "1f1b", "microbatches": 4}},
-        "preflight": {"enabled": True, "steps": 5},
-    }))
+    pipelined.write_text(
+        yaml.safe_dump(
+            {
+                **base,
+                "train": {
+                    "strategy": "pipeline",
+                    "epochs": 20,
+                    "batch_size": 64,
+                    "options": {"schedule": "1f1b", "microbatches": 4},
+                },
+                "preflight": {"enabled": True, "steps": 5},
+            }
+        )
+    )
     (ran, cached), third = run(pipelined)
     assert ran == set(TRAINING) and cached == set(DATA)
     _check_the_pipeline_strategy(third, third.stdout, client, tmp_path)

@@ -13,11 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from flyscale.caching import module_closure, source_hash
+from flyscale.flyte.caching import module_closure, source_hash
 from tests.conftest import REPO
 
-TASKS = ["load_data", "validate_data", "split_data", "augment_data", "prepare_stream", "preflight_check",
-         "train_model", "evaluate_model", "quantize_model", "register_model", "record_candidate"]
+TASKS = [
+    "load_data",
+    "validate_data",
+    "split_data",
+    "augment_data",
+    "prepare_stream",
+    "preflight_check",
+    "train_model",
+    "evaluate_model",
+    "quantize_model",
+    "register_model",
+    "record_candidate",
+]
 VERSIONS = """
 import contextlib, json, os
 from flytekit import FlyteContextManager
@@ -40,7 +51,9 @@ def pkg(tmp_path, monkeypatch):
     root = tmp_path / "acmepkg"
     root.mkdir()
     (root / "__init__.py").write_text("")
-    (root / "task_mod.py").write_text("from acmepkg import helper\nfrom .sub import leaf\n\ndef fn():\n    return helper.x\n")
+    (root / "task_mod.py").write_text(
+        "from acmepkg import helper\nfrom .sub import leaf\n\ndef fn():\n    return helper.x\n"
+    )
     (root / "helper.py").write_text("x = 1\n")
     (root / "unrelated.py").write_text("y = 2\n")
     (root / "sub").mkdir()
@@ -92,7 +105,9 @@ def _project_copy(root: Path) -> Path:
 def _versions(cwd: Path = REPO, **env: str) -> dict[str, str]:
     # The project from `cwd`; only the graph walker (tests/) from the checkout.
     full = {**os.environ, "PYTHONPATH": f"{cwd}{os.pathsep}{REPO}", **env}
-    proc = subprocess.run([sys.executable, "-c", VERSIONS], cwd=cwd, env=full, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, "-c", VERSIONS], cwd=cwd, env=full, capture_output=True, text=True, timeout=180
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -114,7 +129,8 @@ def scenarios(tmp_path_factory) -> dict[str, dict[str, str]]:
     fake.mkdir(parents=True)
     (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 9.9.9\n")
     cases = {
-        "baseline": {}, "again": {},
+        "baseline": {},
+        "again": {},
         "one_worker": {"env": {"FLYSCALE_NPROC_PER_NODE": "1"}},
         "image": {"env": {"REGISTER_IMAGE": "ghcr.io/acme/flyscale@sha256:" + "1" * 64}},
         "torch": {"env": {"PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO}"}},

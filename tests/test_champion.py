@@ -14,14 +14,22 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from flyscale import champion, tracking
-from flyscale.champion import ChampionRef, MlflowUnavailable
 from flyscale.config import MlflowConfig
-from flyscale.contracts import GateVerdict
-from flyscale.evaluation import EvalMetrics
-from flyscale.preflight import PreflightReport
-from flyscale.training import TrainHistory
-from flyscale.validation import ValidationReport
+from flyscale.data.drift import profile
+from flyscale.data.reference import reference_json
+from flyscale.data.validation import ValidationReport
+from flyscale.evaluate.gating import ChampionRef
+from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.evaluate.quantize import quantize
+from flyscale.plugin.contracts import GateVerdict
+from flyscale.tracking import champion, run_log
+from flyscale.tracking import publish as tracking
+from flyscale.tracking import store as mlflow_store
+from flyscale.tracking.champion import read_baseline
+from flyscale.tracking.reference import read_reference
+from flyscale.tracking.store import MlflowUnavailable
+from flyscale.train.preflight import PreflightReport
+from flyscale.train.telemetry import TrainHistory
 from tests.faults import FaultProxy, fail_all
 
 pytestmark = pytest.mark.timeout(300)
@@ -63,16 +71,16 @@ def _version(client: MlflowClient, name: str, accuracy: float, sha: str, judged:
 
 
 def test_no_model_and_no_alias_both_mean_no_champion(server, name):
-    assert tracking.read_baseline(_cfg(name), "sha").version == ""
+    assert read_baseline(_cfg(name), "sha").version == ""
     _version(server, name, 0.9, "a")  # a model, but no alias yet
-    assert tracking.read_baseline(_cfg(name), "sha").version == ""
+    assert read_baseline(_cfg(name), "sha").version == ""
 
 
 def test_an_mlflow_error_is_never_read_as_no_champion(proxy, name):
     proxy.rule = fail_all
     start = time.monotonic()
     with pytest.raises(MlflowUnavailable, match="MLflow failed while reading the 'champion'.*can be retried"):
-        tracking.read_baseline(_cfg(name), "sha")
+        read_baseline(_cfg(name), "sha")
     assert proxy.failed and time.monotonic() - start < 60  # bounded retries, not MLflow's four minutes
 
 
@@ -81,17 +89,17 @@ def test_a_refused_connection_is_retryable_too(name, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens
     with pytest.raises(MlflowUnavailable):
-        tracking.read_baseline(_cfg(name), "sha")
+        read_baseline(_cfg(name), "sha")
 
 
 def test_a_champion_is_judged_against_what_it_beat_when_it_is_the_candidate(server, name):
     first = _version(server, name, 0.90, "weights-a")
     second = _version(server, name, 0.95, "weights-b", judged=first)
     server.set_registered_model_alias(name, "champion", second)
-    other = tracking.read_baseline(_cfg(name), "weights-c")
+    other = read_baseline(_cfg(name), "weights-c")
     assert other.version == second and other.metrics["accuracy"] == pytest.approx(0.95)
     # The candidate with weights-b is the champion itself: it is judged against v1, as it was.
-    itself = tracking.read_baseline(_cfg(name), "weights-b")
+    itself = read_baseline(_cfg(name), "weights-b")
     assert itself.version == first and itself.metrics["accuracy"] == pytest.approx(0.90)
 
 
@@ -120,29 +128,39 @@ def test_the_promotion_lock_waits_then_says_what_to_do(server, name):
     assert not server.search_registered_models(f"name='{name}{champion.LOCK_SUFFIX}'")
 
 
-def _record(judged: ChampionRef) -> tracking.RunRecord:
+def _record(judged: ChampionRef) -> run_log.RunRecord:
     metrics = EvalMetrics(accuracy=0.9, macro_f1=0.9, loss=0.3, n=10, confusion=[[5, 0], [1, 4]], size_bytes=100)
-    return tracking.RunRecord(
-        params={"p": 1}, history=TrainHistory(strategy="ddp", world_size=1), fp32=metrics, int8=metrics,
-        verdicts=[GateVerdict("g", True, "ok")], preflight=PreflightReport.skipped(), quarantine_dir=tempfile.mkdtemp(),
-        validation=ValidationReport(10, 10, 0), tags={}, judged_against=judged, weights_sha256="w",
+    return run_log.RunRecord(
+        params={"p": 1},
+        history=TrainHistory(strategy="ddp", world_size=1),
+        fp32=metrics,
+        int8=metrics,
+        verdicts=[GateVerdict("g", True, "ok")],
+        preflight=PreflightReport.skipped(),
+        quarantine_dir=tempfile.mkdtemp(),
+        validation=ValidationReport(10, 10, 0),
+        tags={},
+        judged_against=judged,
+        weights_sha256="w",
     )
 
 
-def _files(tmp_path, seed: int = 0) -> tuple[tracking.ModelFiles, tracking.ModelFiles]:
+def _files(tmp_path, seed: int = 0) -> tuple[run_log.ModelFiles, run_log.ModelFiles]:
     """A real (small) flyscale model and its int8 twin, as the register task hands them over."""
-    from flyscale import artifacts
+    from flyscale import model as artifacts
     from flyscale.config import ModelConfig, QuantizeConfig
-    from flyscale.contracts import DatasetInfo
-    from flyscale.model_spec import spec_json
+    from flyscale.plugin.contracts import DatasetInfo
+    from flyscale.tracking.model_spec import spec_json
 
     info = DatasetInfo("t", 2, [4], ["a", "b", "c", "d"])
     cfg = ModelConfig(options={"hidden": [8]})
     torch.manual_seed(seed)
     model = artifacts.build_model(cfg, info)
-    int8 = artifacts.quantize(model, QuantizeConfig())
-    return (tracking.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
-            tracking.ModelFiles(artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig())))
+    int8 = quantize(model, QuantizeConfig())
+    return (
+        run_log.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
+        run_log.ModelFiles(artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig())),
+    )
 
 
 EXAMPLE = np.zeros((2, 4), dtype="float32")
@@ -175,10 +193,10 @@ def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp
 
 
 @pytest.mark.parametrize("store", ["server", "sqlite"])
-def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(store, mlflow_server, name, tmp_path,
-                                                                              monkeypatch):
-    from flyscale import validation
-    from flyscale.contracts import DatasetInfo
+def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
+    store, mlflow_server, name, tmp_path, monkeypatch
+):
+    from flyscale.plugin.contracts import DatasetInfo
 
     uri = mlflow_server if store == "server" else f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -186,11 +204,11 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(st
     frame = pd.DataFrame({"a": [0.1, 0.5, 0.9], "b": [1.0, 2.0, 3.0], "label": [0, 1, 0]})
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
-    record.data_sha256, record.reference_json = "data-a", validation.reference_json(info, validation.profile(frame, info))
+    record.data_sha256, record.reference_json = "data-a", reference_json(info, profile(frame, info))
     out = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "r", register=True)
     version = MlflowClient(uri).get_model_version(name, out.model_version)
-    assert version.tags[tracking.REFERENCE_URI_TAG].endswith("/data/reference.json")
-    read = tracking.read_reference(_cfg(name), "", "data-b")
+    assert version.tags[mlflow_store.REFERENCE_URI_TAG].endswith("/data/reference.json")
+    read = read_reference(_cfg(name), "", "data-b")
     assert read.source == f"v{out.model_version}" and read.profile.rows == 3 and read.schema.features == ["a", "b"]
 
 
@@ -208,35 +226,40 @@ def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, na
 
 @pytest.mark.parametrize("tagged", [True, False], ids=["reference-uri-tag", "registered-before-the-tag"])
 def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_this_data(server, name, tagged):
-    from flyscale import validation
-    from flyscale.contracts import DatasetInfo
+    from flyscale.plugin.contracts import DatasetInfo
 
     info = DatasetInfo("t", 2, [2], ["a", "b"], feature_dtypes={"a": "double", "b": "double"}, inferred=["features"])
     frame = pd.DataFrame({"a": [0.1, 0.5, 0.9, 0.3], "b": [1.0, 2.0, 3.0, 4.0], "label": [0, 1, 0, 1]})
     mlflow.set_tracking_uri(server.tracking_uri)
     mlflow.set_experiment("champion-tests")
     with mlflow.start_run() as run:
-        mlflow.log_text(validation.reference_json(info, validation.profile(frame, info)), "data/reference.json")
+        mlflow.log_text(reference_json(info, profile(frame, info)), "data/reference.json")
     # Where the tag points, the reference is read from, not from the version's run: a 6-row one here.
     with mlflow.start_run() as elsewhere:
-        mlflow.log_text(validation.reference_json(info, validation.profile(pd.concat([frame, frame[:2]]), info)),
-                        "data/reference.json")
-    uri_tag = {tracking.REFERENCE_URI_TAG: f"{elsewhere.info.artifact_uri}/data/reference.json"} if tagged else {}
+        mlflow.log_text(reference_json(info, profile(pd.concat([frame, frame[:2]]), info)), "data/reference.json")
+    uri_tag = {mlflow_store.REFERENCE_URI_TAG: f"{elsewhere.info.artifact_uri}/data/reference.json"} if tagged else {}
     server.create_registered_model(name)
     version = server.create_model_version(
-        name, f"runs:/{run.info.run_id}/m", run.info.run_id,
-        tags={"flyscale.run_id": run.info.run_id, tracking.DATA_TAG: "data-a", tracking.REFERENCE_TAG: "", **uri_tag},
+        name,
+        f"runs:/{run.info.run_id}/m",
+        run.info.run_id,
+        tags={
+            "flyscale.run_id": run.info.run_id,
+            mlflow_store.DATA_TAG: "data-a",
+            mlflow_store.REFERENCE_TAG: "",
+            **uri_tag,
+        },
     ).version
-    assert tracking.read_reference(_cfg(name), "", "data-b").source == ""  # no champion yet
+    assert read_reference(_cfg(name), "", "data-b").source == ""  # no champion yet
     server.set_registered_model_alias(name, "champion", version)
-    other = tracking.read_reference(_cfg(name), "", "data-b")  # new data: held to the champion's
+    other = read_reference(_cfg(name), "", "data-b")  # new data: held to the champion's
     assert other.source == f"v{version}" and other.schema.features == ["a", "b"]
     assert other.profile.rows == (6 if tagged else 4)
     # The champion's own data: held to what the champion itself met (here nothing), so a rerun replays.
-    assert tracking.read_reference(_cfg(name), "", "data-a").source == ""
+    assert read_reference(_cfg(name), "", "data-a").source == ""
 
 
 def test_reading_the_reference_fails_closed(proxy, name):
     proxy.rule = fail_all
     with pytest.raises(MlflowUnavailable, match="reading the data reference"):
-        tracking.read_reference(_cfg(name), "", "sha")
+        read_reference(_cfg(name), "", "sha")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flyscale import cli, registry
-from flyscale.registry import PluginInfo
+from flyscale import cli
+from flyscale.plugin import registry
+from flyscale.plugin.registry import PluginInfo
 
 REPO = Path(__file__).resolve().parents[1]
 BUILT_INS = {

@@ -6,9 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flyscale import data, validation
 from flyscale.config import AugmentConfig, DataConfig
-from flyscale.schemas import LabeledFrame
+from flyscale.data import source as data
+from flyscale.data import validation
+from flyscale.data.augment import augment
+from flyscale.data.schemas import LabeledFrame
+from flyscale.data.split import split
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +34,14 @@ def test_digits_are_scikit_learns_rows_read_without_importing_it(digits):
     bunch = load_digits()
     np.testing.assert_array_equal(digits[0].drop(columns="label").to_numpy(), bunch.data.astype("float32"))
     np.testing.assert_array_equal(digits[0]["label"].to_numpy(), bunch.target)
-    probe = ("import sys; from flyscale import data; from flyscale.config import DataConfig; data.load(DataConfig()); "
-             "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))")
-    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    probe = (
+        "import sys; from flyscale.data import source as data; from flyscale.config import DataConfig; "
+        "data.load(DataConfig()); "
+        "print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    )
+    assert (
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
 
 
 def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(digits):
@@ -70,7 +78,7 @@ def test_missing_column_is_a_schema_error_naming_it(digits):
 def test_split_is_stratified_seeded_and_disjoint(digits):
     frame = digits[0].assign(uid=range(len(digits[0])))
     cfg = DataConfig()
-    train, val, test = data.split(frame, cfg)
+    train, val, test = split(frame, cfg)
     assert len(train) + len(val) + len(test) == len(frame)
     ids = [set(p["uid"]) for p in (train, val, test)]
     assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
@@ -78,36 +86,36 @@ def test_split_is_stratified_seeded_and_disjoint(digits):
     overall = frame["label"].value_counts(normalize=True).sort_index()
     for part in (train, val, test):
         assert (part["label"].value_counts(normalize=True).sort_index() - overall).abs().max() < 0.02
-    again = data.split(frame, cfg)
+    again = split(frame, cfg)
     for a, b in zip((train, val, test), again):
         pd.testing.assert_frame_equal(a, b)
-    other = data.split(frame, DataConfig(seed=1))
+    other = split(frame, DataConfig(seed=1))
     assert not train["uid"].equals(other[0]["uid"])
 
 
 def test_split_holds_out_whole_shares_and_names_a_label_too_rare_to_split(digits):
     frame = digits[0]
-    train, val, test = data.split(frame, DataConfig())
+    train, val, test = split(frame, DataConfig())
     # ceil(0.2 x 1797) held out for test, then ceil(0.15 / 0.8 x the rest) for validation.
     assert (len(train), len(val), len(test)) == (1167, 270, 360)
     lonely = pd.concat([frame[frame["label"] != 9], frame[frame["label"] == 9].head(1)])
     with pytest.raises(ValueError, match="label 9 has only 1 row"):
-        data.split(lonely, DataConfig())
+        split(lonely, DataConfig())
 
 
 def test_augment_is_deterministic_in_range_and_keeps_originals(digits):
     frame, info = digits
     train = frame.head(200)
     cfg = AugmentConfig(names=["shift", "rotation", "noise"], copies=2, seed=7)
-    out = data.augment(train, info, cfg)
+    out = augment(train, info, cfg)
     assert len(out) == 600
     pd.testing.assert_frame_equal(out.head(200), train)  # originals first, untouched
     assert (out["label"].to_numpy() == np.tile(train["label"].to_numpy(), 3)).all()
     pixels = out[info.feature_columns].to_numpy()
     assert pixels.min() >= 0.0 and pixels.max() <= 16.0
     assert not np.allclose(pixels[200:400], pixels[:200])  # the copies really changed
-    pd.testing.assert_frame_equal(out, data.augment(train, info, cfg))
-    assert not out.equals(data.augment(train, info, AugmentConfig(names=cfg.names, copies=2, seed=8)))
+    pd.testing.assert_frame_equal(out, augment(train, info, cfg))
+    assert not out.equals(augment(train, info, AugmentConfig(names=cfg.names, copies=2, seed=8)))
     LabeledFrame.validate(out)
 
 

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from flyscale.config import TrainConfig
-from flyscale.distributed import process_group
-from flyscale.training import EpochMetrics, TrainData, diagnose
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import process_group
+from flyscale.train.telemetry import EpochMetrics, diagnose
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import MLP, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -94,7 +95,9 @@ def _diagnosis_on_the_digits_mlp() -> tuple[str, float]:
         x, y = torch.rand(2560, 64, generator=g) * 16, torch.randint(0, 10, (2560,), generator=g)
         torch.manual_seed(0)
         model = MLP().build(MLPOptions(hidden=[256, 128], dropout=0.0), digits.info(None))
-        history = ddp(model, TrainData(x, y, x[:64], y[:64]), TrainConfig(epochs=1, batch_size=32), ctx, DDPOptions()).history
+        history = ddp(
+            model, TrainData(x, y, x[:64], y[:64]), TrainConfig(epochs=1, batch_size=32), ctx, DDPOptions()
+        ).history
         return history.diagnosis, history.epochs[-1].grad_comm_fraction
 
 
@@ -102,8 +105,14 @@ def _diagnosis_on_the_digits_mlp() -> tuple[str, float]:
 def test_workers_that_mostly_communicate_are_told_so_with_the_knobs():
     (diagnosis, fraction), _ = run_on_ranks(_diagnosis_on_the_digits_mlp, 2, timeout=90)
     assert fraction >= 0.25, fraction
-    assert diagnosis.startswith(f"communication-bound: gradient all-reduces are in flight {fraction:.0%} of each step on 2 workers")
-    assert "train.batch_size, now 32" in diagnosis and "FLYSCALE_NPROC_PER_NODE" in diagnosis and "bucket_cap_mb" in diagnosis
+    assert diagnosis.startswith(
+        f"communication-bound: gradient all-reduces are in flight {fraction:.0%} of each step on 2 workers"
+    )
+    assert (
+        "train.batch_size, now 32" in diagnosis
+        and "FLYSCALE_NPROC_PER_NODE" in diagnosis
+        and "bucket_cap_mb" in diagnosis
+    )
 
 
 def test_the_communication_warning_needs_several_workers_and_a_large_share():

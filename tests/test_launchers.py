@@ -15,7 +15,7 @@ def _train_task_custom(monkeypatch, **env):
     from flytekit.configuration import Image, ImageConfig, SerializationSettings
     from flytekit.core.task import TaskPlugins
 
-    from tasks import elastic
+    from flyscale.cluster import launchers as elastic
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -30,10 +30,11 @@ def _train_task_custom(monkeypatch, **env):
 
 
 def test_pytorchjob_launcher_has_master_workers_and_resources(monkeypatch):
-    from tasks import resources
+    from flyscale.cluster import resources
 
     cluster = resources.ClusterResources.from_dict(
-        {"training": {"cpu_per_process": "8", "mem_per_process": "32Gi", "gpu_per_process": 1}}, "a test's cluster file")
+        {"training": {"cpu_per_process": "8", "mem_per_process": "32Gi", "gpu_per_process": 1}}, "a test's cluster file"
+    )
     monkeypatch.setattr(resources, "CLUSTER", cluster)  # one process per pod: each asks for one process's share
     t, custom = _train_task_custom(monkeypatch, FLYSCALE_LAUNCHER="pytorch", FLYSCALE_NNODES="4")
     assert t.task_type == "pytorch"
@@ -45,7 +46,7 @@ def test_pytorchjob_launcher_has_master_workers_and_resources(monkeypatch):
 
 
 def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):
-    from tasks import resources
+    from flyscale.cluster import resources
 
     with pytest.raises(ValueError, match=r"f.yaml: training.gpus is not a setting; training takes \["):
         resources.ClusterResources.from_dict({"training": {"gpus": 1}}, "f.yaml")
@@ -61,11 +62,14 @@ def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     "env, message",
-    [({"FLYSCALE_LAUNCHER": "mpi"}, "FLYSCALE_LAUNCHER must be"), ({"FLYSCALE_LAUNCHER": "pytorch"}, "NNODES >= 2"),
-     ({"FLYSCALE_NPROC_PER_NODE": "0"}, "must be >= 1")],
+    [
+        ({"FLYSCALE_LAUNCHER": "mpi"}, "FLYSCALE_LAUNCHER must be"),
+        ({"FLYSCALE_LAUNCHER": "pytorch"}, "NNODES >= 2"),
+        ({"FLYSCALE_NPROC_PER_NODE": "0"}, "must be >= 1"),
+    ],
 )
 def test_bad_launcher_settings_are_named(monkeypatch, env, message):
-    from tasks import elastic
+    from flyscale.cluster import launchers as elastic
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -76,7 +80,7 @@ def test_bad_launcher_settings_are_named(monkeypatch, env, message):
 def _outputs_on_rank(elastic_agent: bool):
     from flytekit.core.base_task import IgnoreOutputs
 
-    from flyscale.distributed import context_from_env, rank_zero_outputs
+    from flyscale.train.distributed import context_from_env, rank_zero_outputs
 
     if elastic_agent:
         os.environ["TORCHELASTIC_RUN_ID"] = "test"

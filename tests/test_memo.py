@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flyscale import caching, memo
+from flyscale.flyte import caching, memo
 from tests.test_caching import _project_copy, pkg  # noqa: F401 (the fixture)
 
 
@@ -100,8 +100,8 @@ LITERAL_TYPES = textwrap.dedent("""
     real = DataclassTransformer.get_literal_type
     DataclassTransformer.get_literal_type = lambda self, t: built.append(t.__qualname__) or real(self, t)
     from flyscale.config import PipelineConfig, TrainConfig
-    from flyscale.flyte_types import register_flyscale_types
-    register_flyscale_types()
+    from flyscale.flyte.dataclass_types import register
+    register(PipelineConfig, TrainConfig)
     train = TypeEngine.to_literal_type(TrainConfig)
     print(json.dumps({"built": built, "pipeline": str(TypeEngine.to_literal_type(PipelineConfig).to_flyte_idl()),
                       "train_fields": sorted(train.structure.dataclass_type)}))
@@ -109,8 +109,13 @@ LITERAL_TYPES = textwrap.dedent("""
 
 
 def _literal_types(project: Path, cache: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", LITERAL_TYPES], cwd=project, capture_output=True, text=True,
-                          env={**os.environ, "FLYSCALE_CACHE_DIR": str(cache), "PYTHONPATH": str(project)})
+    proc = subprocess.run(
+        [sys.executable, "-c", LITERAL_TYPES],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "FLYSCALE_CACHE_DIR": str(cache), "PYTHONPATH": str(project)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -125,11 +130,10 @@ def test_a_dataclasss_flyte_type_is_built_once_and_follows_its_code(tmp_path):
     assert second["pipeline"] == first["pipeline"]
 
     # A field added to a config: its type, read from the same folder, has it.
-    config = project / "flyscale" / "config.py"
+    config = project / "flyscale" / "config" / "sections.py"
     anchor = '    _section = "train"\n'
     assert anchor in config.read_text()
     config.write_text(config.read_text().replace(anchor, anchor + "    memo_probe: int = 0\n"))
     third = _literal_types(project, cache)
     assert "TrainConfig" in third["built"]
     assert "memo_probe" in third["train_fields"] and "memo_probe" not in first["train_fields"]
-

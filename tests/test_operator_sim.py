@@ -15,6 +15,7 @@ import pytest
 from flyteidl.admin.task_pb2 import TaskSpec
 from flyteidl.core.literals_pb2 import LiteralMap as LiteralMapPb
 
+from flyscale.data.split import split
 from tests.conftest import BIN, REPO, free_port
 
 IMAGE = "ghcr.io/acme/flyscale@sha256:" + "7" * 64
@@ -22,9 +23,14 @@ IMAGE = "ghcr.io/acme/flyscale@sha256:" + "7" * 64
 
 def _packaged_train_task(tmp_path: Path, **launcher: str) -> TaskSpec:
     out = tmp_path / "pkg.tgz"
-    proc = subprocess.run([str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", IMAGE, "-f", "-o", str(out)],
-                          cwd=REPO, env={**os.environ, "HOME": str(tmp_path), **launcher}, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", IMAGE, "-f", "-o", str(out)],
+        cwd=REPO,
+        env={**os.environ, "HOME": str(tmp_path), **launcher},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     with tarfile.open(out) as tar:
         for member in tar.getmembers():
@@ -38,8 +44,12 @@ def _packaged_train_task(tmp_path: Path, **launcher: str) -> TaskSpec:
 
 def _flyte_s3_env(endpoint: str) -> dict[str, str]:
     """How flytekit in a pod reaches the object store (what a cluster's task pods are given)."""
-    return {"FLYTE_AWS_ENDPOINT": endpoint, "FLYTE_AWS_ACCESS_KEY_ID": "testing", "FLYTE_AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1"}
+    return {
+        "FLYTE_AWS_ENDPOINT": endpoint,
+        "FLYTE_AWS_ACCESS_KEY_ID": "testing",
+        "FLYTE_AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
 
 
 def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch) -> str:
@@ -50,26 +60,42 @@ def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch) -> str:
     from flytekit.core.data_persistence import FileAccessProvider
     from flytekit.core.type_engine import TypeEngine
 
-    from flyscale import data, shards
-    from flyscale.config import DataConfig, MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
-    from flyscale.preflight import PreflightReport
-    from flyscale.provenance import TaskRun
+    from flyscale.config import (
+        DataConfig,
+        MlflowConfig,
+        ModelConfig,
+        RecoveryConfig,
+        TrainConfig,
+    )
+    from flyscale.data import shards
+    from flyscale.data import source as data
+    from flyscale.flyte.provenance import TaskRun
+    from flyscale.train.preflight import PreflightReport
     from tasks.train import train_model
 
     for k, v in _flyte_s3_env(endpoint).items():
         monkeypatch.setenv(k, v)
     cfg = DataConfig()
     frame, info = data.load(cfg)
-    train, val, _ = data.split(frame, cfg)
+    train, val, _ = split(frame, cfg)
     values = {
-        "train": shards.write(train, "train"), "val": shards.write(val, "val"), "info": info, "model_cfg": ModelConfig(),
-        "cfg": TrainConfig(epochs=2, batch_size=32), "preflight": PreflightReport(passed=True, world_size=0),
-        "fingerprint": data.fingerprint(cfg), "started": TaskRun.start("fingerprint_data", execution="pytorchjob-sim"),
-        "mlflow_cfg": MlflowConfig(experiment="operator-sim"), "recovery": RecoveryConfig(checkpoint_dir=str(tmp_path / "ckpt")),
+        "train": shards.write(train, "train"),
+        "val": shards.write(val, "val"),
+        "info": info,
+        "model_cfg": ModelConfig(),
+        "cfg": TrainConfig(epochs=2, batch_size=32),
+        "preflight": PreflightReport(passed=True, world_size=0),
+        "fingerprint": data.fingerprint(cfg),
+        "started": TaskRun.start("fingerprint_data", execution="pytorchjob-sim"),
+        "mlflow_cfg": MlflowConfig(experiment="operator-sim"),
+        "recovery": RecoveryConfig(checkpoint_dir=str(tmp_path / "ckpt")),
     }
     types = {name: train_model.python_interface.inputs[name] for name in values}
-    access = FileAccessProvider(local_sandbox_dir=str(tmp_path / "sandbox"), raw_output_prefix=f"{prefix}/upstream",
-                                data_config=FlyteDataConfig.auto())
+    access = FileAccessProvider(
+        local_sandbox_dir=str(tmp_path / "sandbox"),
+        raw_output_prefix=f"{prefix}/upstream",
+        data_config=FlyteDataConfig.auto(),
+    )
     ctx = FlyteContextManager.current_context()
     with FlyteContextManager.with_context(ctx.with_file_access(access)) as upload:
         literals = TypeEngine.dict_to_literal_map(upload, values, types)
@@ -80,24 +106,42 @@ def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch) -> str:
 
 
 def _pods(spec: TaskSpec, inputs: str, prefix: str, tmp_path: Path, endpoint: str, envs: list[dict]) -> list:
-    values = {"{{.input}}": inputs, "{{.outputPrefix}}": f"{prefix}/outputs", "{{.rawOutputDataPrefix}}": f"{prefix}/raw",
-              "{{.checkpointOutputPrefix}}": f"{prefix}/checkpoint", "{{.prevCheckpointPrefix}}": ""}
+    values = {
+        "{{.input}}": inputs,
+        "{{.outputPrefix}}": f"{prefix}/outputs",
+        "{{.rawOutputDataPrefix}}": f"{prefix}/raw",
+        "{{.checkpointOutputPrefix}}": f"{prefix}/checkpoint",
+        "{{.prevCheckpointPrefix}}": "",
+    }
     args = [values.get(a, a) for a in spec.template.container.args]
     registered = {e.key: e.value for e in spec.template.container.env}  # the task's own environment
     pods = []
     for i, pod_env in enumerate(envs):
         env = {
-            **os.environ, **registered, **_flyte_s3_env(endpoint), **pod_env,
-            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), "HOME": str(tmp_path / f"home{i}"),
+            **os.environ,
+            **registered,
+            **_flyte_s3_env(endpoint),
+            **pod_env,
+            "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(REPO),
+            "HOME": str(tmp_path / f"home{i}"),
             # The execution every pod of the job belongs to (flytepropeller sets these).
-            "FLYTE_INTERNAL_EXECUTION_PROJECT": "flyscale", "FLYTE_INTERNAL_EXECUTION_DOMAIN": "development",
-            "FLYTE_INTERNAL_EXECUTION_ID": "pytorchjobsim", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+            "FLYTE_INTERNAL_EXECUTION_PROJECT": "flyscale",
+            "FLYTE_INTERNAL_EXECUTION_DOMAIN": "development",
+            "FLYTE_INTERNAL_EXECUTION_ID": "pytorchjobsim",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
         }
-        for name in ("FLYSCALE_NNODES", "FLYSCALE_NPROC_PER_NODE", "FLYSCALE_LAUNCHER"):  # the pod has only what was registered
+        for name in (
+            "FLYSCALE_NNODES",
+            "FLYSCALE_NPROC_PER_NODE",
+            "FLYSCALE_LAUNCHER",
+        ):  # the pod has only what was registered
             if name not in registered:
                 env.pop(name, None)
         log = open(tmp_path / f"pod{i}.log", "w")
-        pods.append((subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), tmp_path / f"pod{i}.log"))
+        pods.append(
+            (subprocess.Popen(args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), tmp_path / f"pod{i}.log")
+        )
     return pods
 
 
@@ -108,10 +152,11 @@ def _outputs(prefix: str, tmp_path: Path):
     from flytekit.core.type_engine import TypeEngine
     from flytekit.models.literals import LiteralMap
 
-    from flyscale.training import TrainHistory
+    from tasks.records import TrainedModel
 
-    access = FileAccessProvider(local_sandbox_dir=str(tmp_path / "read"), raw_output_prefix=f"{prefix}/read",
-                                data_config=FlyteDataConfig.auto())
+    access = FileAccessProvider(
+        local_sandbox_dir=str(tmp_path / "read"), raw_output_prefix=f"{prefix}/read", data_config=FlyteDataConfig.auto()
+    )
     local = tmp_path / "outputs.pb"
     access.get_data(f"{prefix}/outputs/outputs.pb", str(local))
     pb = LiteralMapPb()
@@ -119,8 +164,8 @@ def _outputs(prefix: str, tmp_path: Path):
     literals = LiteralMap.from_flyte_idl(pb).literals
     ctx = FlyteContextManager.current_context()
     with FlyteContextManager.with_context(ctx.with_file_access(access)) as read:
-        history = TypeEngine.to_python_value(read, literals["history"], TrainHistory)
-    return literals, history
+        trained = TypeEngine.to_python_value(read, literals["model"], TrainedModel)
+    return literals, trained
 
 
 def _wait(pods) -> list[str]:
@@ -146,15 +191,26 @@ def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp
     inputs = _inputs(tmp_path, prefix, moto_endpoint, monkeypatch)
     rdzv = f"localhost:{free_port()}"
     # What the training operator puts in each pod of an elastic PyTorchJob (elasticPolicy: 2:2 nodes).
-    operator = [{"PET_NNODES": "2:2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": str(i), "PET_RDZV_BACKEND": "c10d",
-                 "PET_RDZV_ENDPOINT": rdzv, "PET_MAX_RESTARTS": "1", "MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())}
-                for i in range(2)]
+    operator = [
+        {
+            "PET_NNODES": "2:2",
+            "PET_NPROC_PER_NODE": "1",
+            "PET_NODE_RANK": str(i),
+            "PET_RDZV_BACKEND": "c10d",
+            "PET_RDZV_ENDPOINT": rdzv,
+            "PET_MAX_RESTARTS": "1",
+            "MASTER_ADDR": "localhost",
+            "MASTER_PORT": str(free_port()),
+        }
+        for i in range(2)
+    ]
     logs = _wait(_pods(spec, inputs, prefix, tmp_path, moto_endpoint, operator))
-    literals, history = _outputs(prefix, tmp_path)
-    assert set(literals) == {"weights", "history", "run"}
+    literals, trained = _outputs(prefix, tmp_path)
+    assert set(literals) == {"model", "run"}
+    history = trained.history
     assert history.world_size == 2 and history.strategy == "ddp"  # one process on each of two "nodes"
     assert len(history.epochs) == 2 and history.epochs[-1].val_accuracy > 0.5
-    weights = literals["weights"].scalar.blob.uri
+    weights = trained.weights.remote_source
     assert weights.startswith(f"s3://{bucket}/job/raw"), weights  # rank 0 uploaded the model to the object store
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="job/outputs/")["Contents"]}
     assert {"job/outputs/outputs.pb", "job/outputs/deck.html"} <= listed, listed  # and rank 0's Learning curves
@@ -164,17 +220,20 @@ def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp
 
 
 @pytest.mark.timeout(900)
-def test_a_classic_pytorchjob_master_and_worker_train_and_the_master_writes_the_outputs(tmp_path, s3, moto_endpoint,
-                                                                                        monkeypatch):
+def test_a_classic_pytorchjob_master_and_worker_train_and_the_master_writes_the_outputs(
+    tmp_path, s3, moto_endpoint, monkeypatch
+):
     client, bucket = s3
     prefix = f"s3://{bucket}/job"
     spec = _packaged_train_task(tmp_path, FLYSCALE_LAUNCHER="pytorch", FLYSCALE_NNODES="2")
     assert spec.template.type == "pytorch"
-    assert list(spec.template.container.args)[:3] == ["python", "-m", "tasks.exit_codes"]
+    assert list(spec.template.container.args)[:3] == ["python", "-m", "flyscale.cluster.exit_codes"]
     inputs = _inputs(tmp_path, prefix, moto_endpoint, monkeypatch)
     # What the training operator puts in the master's and the worker's pod: one process each.
     master = {"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    logs = _wait(_pods(spec, inputs, prefix, tmp_path, moto_endpoint, [{**master, "RANK": "0"}, {**master, "RANK": "1"}]))
-    literals, history = _outputs(prefix, tmp_path)
-    assert history.world_size == 2 and len(history.epochs) == 2
+    logs = _wait(
+        _pods(spec, inputs, prefix, tmp_path, moto_endpoint, [{**master, "RANK": "0"}, {**master, "RANK": "1"}])
+    )
+    _, trained = _outputs(prefix, tmp_path)
+    assert trained.history.world_size == 2 and len(trained.history.epochs) == 2
     assert ["Outputs.pb will not be uploaded" in log for log in logs] == [False, True]  # the worker pod wrote nothing

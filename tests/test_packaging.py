@@ -65,7 +65,7 @@ def test_the_wheel_installs_no_generic_top_level_name(wheel):
         entry_points = whl.read(f"{dist_info}/entry_points.txt").decode()
     top = {n.split("/")[0] for n in names} - {dist_info}
     assert top == {"flyscale", "flyscale_plugins"}
-    assert "flyscale_plugins/strategies/ddp.py" in names and "flyscale/registry.py" in names
+    assert "flyscale_plugins/strategies/ddp.py" in names and "flyscale/plugin/registry.py" in names
     # Every built-in's entry point names the installed package, never the folder it lives in.
     values = [line.split("=", 1)[1].strip() for line in entry_points.splitlines() if "=" in line]
     assert values and all(v.startswith(("flyscale_plugins.", "flyscale.cli:")) for v in values), values
@@ -107,12 +107,27 @@ def image(tmp_path_factory) -> tuple[Path, Path]:  # per test: fast registration
     root = tmp_path_factory.mktemp("image")
     venv, workdir = root / "venv", _copy_project(root / "workdir")
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
-    site = Path(subprocess.check_output(
-        [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
-    ).strip())
+    site = Path(
+        subprocess.check_output(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], text=True
+        ).strip()
+    )
     (site / "_locked_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    _run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-          "--no-deps", "--no-build-isolation", "-e", str(workdir)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-e",
+            str(workdir),
+        ]
+    )
     for script, fn in (("pyflyte-execute", "execute_task_cmd"), ("pyflyte-fast-execute", "fast_execute_task_cmd")):
         path = venv / "bin" / script
         path.write_text(f"#!{venv / 'bin' / 'python'}\nfrom flytekit.bin.entrypoint import {fn}\n{fn}()\n")
@@ -121,8 +136,22 @@ def image(tmp_path_factory) -> tuple[Path, Path]:  # per test: fast registration
 
 
 def _package(project: Path, out: Path, *flags: str) -> dict[str, TaskSpec]:
-    _run([str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", "ghcr.io/acme/flyscale@sha256:" + "0" * 64,
-          *flags, "-f", "-o", str(out)], cwd=project, env={**os.environ, "HOME": str(out.parent)})
+    _run(
+        [
+            str(BIN / "pyflyte"),
+            "--pkgs",
+            "workflows",
+            "package",
+            "--image",
+            "ghcr.io/acme/flyscale@sha256:" + "0" * 64,
+            *flags,
+            "-f",
+            "-o",
+            str(out),
+        ],
+        cwd=project,
+        env={**os.environ, "HOME": str(out.parent)},
+    )
     specs = {}
     with tarfile.open(out) as tar:
         for member in tar.getmembers():
@@ -139,13 +168,14 @@ def _load_data_inputs(path: Path) -> Path:
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
 
-    from flyscale import data
     from flyscale.config import DataConfig
-    from flyscale.data import DataFingerprint
+    from flyscale.data import source as data
+    from flyscale.data.source import DataFingerprint
 
     cfg = DataConfig()
     literals = TypeEngine.dict_to_literal_map(
-        FlyteContextManager.current_context(), {"cfg": cfg, "fingerprint": data.fingerprint(cfg)},
+        FlyteContextManager.current_context(),
+        {"cfg": cfg, "fingerprint": data.fingerprint(cfg)},
         {"cfg": DataConfig, "fingerprint": DataFingerprint},
     )
     path.write_bytes(literals.to_flyte_idl().SerializeToString())
@@ -158,19 +188,25 @@ def _execute(image: tuple[Path, Path], args: list[str], scratch: Path, fast_tarb
     from flytekit.core.type_engine import TypeEngine
     from flytekit.models.literals import LiteralMap
 
-    from flyscale.contracts import DatasetInfo
+    from flyscale.plugin.contracts import DatasetInfo
 
     bin_dir, workdir = image
     out = scratch / "outputs"
     values = {
-        "{{.input}}": str(_load_data_inputs(scratch / "inputs.pb")), "{{.outputPrefix}}": str(out),
-        "{{.rawOutputDataPrefix}}": str(scratch / "raw"), "{{.checkpointOutputPrefix}}": str(scratch / "ckpt"),
-        "{{.prevCheckpointPrefix}}": "", "{{ .remote_package_path }}": str(fast_tarball), "/root": str(workdir),
+        "{{.input}}": str(_load_data_inputs(scratch / "inputs.pb")),
+        "{{.outputPrefix}}": str(out),
+        "{{.rawOutputDataPrefix}}": str(scratch / "raw"),
+        "{{.checkpointOutputPrefix}}": str(scratch / "ckpt"),
+        "{{.prevCheckpointPrefix}}": "",
+        "{{ .remote_package_path }}": str(fast_tarball),
+        "/root": str(workdir),
     }
     cmd = [values.get(a, a) for a in args]
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(workdir)}
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and (out / "outputs.pb").exists(), f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0 and (out / "outputs.pb").exists(), (
+        f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    )
     pb = LiteralMapPb()
     pb.ParseFromString((out / "outputs.pb").read_bytes())
     literal = LiteralMap.from_flyte_idl(pb).literals["info"]

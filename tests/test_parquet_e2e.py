@@ -20,13 +20,22 @@ from tests.conftest import run_pipeline
 
 
 def _aws(endpoint: str) -> dict:
-    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1"}
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
 
 
 def _upload(tmp_path, endpoint: str, frame: pd.DataFrame, prefix: str) -> None:
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                      region_name="us-east-1")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     if "features" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]:
         s3.create_bucket(Bucket="features")
     for i, start in enumerate(range(0, len(frame), 600)):
@@ -43,16 +52,27 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint, mlflow_
     _upload(tmp_path, moto_endpoint, frame, "digits/v1")
 
     cfg = tmp_path / "s3.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"dataset": "parquet", "options": {
-            "path": "s3://features/digits/v1", "label": "digit", "features": DIGITS_PIXELS, "num_classes": 10,
-            "input_shape": [1, 8, 8], "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
-        }},
-        "augment": {"names": ["shift", "noise"], "copies": 1},
-        "model": {"name": "cnn", "options": {"channels": [8, 16], "hidden": 64}},
-        "train": {"epochs": 10, "batch_size": 64},
-        "mlflow": {"experiment": "s3", "model_name": "s3-digits"},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "dataset": "parquet",
+                    "options": {
+                        "path": "s3://features/digits/v1",
+                        "label": "digit",
+                        "features": DIGITS_PIXELS,
+                        "num_classes": 10,
+                        "input_shape": [1, 8, 8],
+                        "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
+                    },
+                },
+                "augment": {"names": ["shift", "noise"], "copies": 1},
+                "model": {"name": "cnn", "options": {"channels": [8, 16], "hidden": 64}},
+                "train": {"epochs": 10, "batch_size": 64},
+                "mlflow": {"experiment": "s3", "model_name": "s3-digits"},
+            }
+        )
+    )
     uri = mlflow_server
     proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**aws, "MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -78,14 +98,24 @@ def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, 
     frame.iloc[1500] = frame.iloc[20]  # a duplicate of a row two shards (and chunks) earlier
     _upload(tmp_path, moto_endpoint, frame, "digits/stream")
     cfg = tmp_path / "stream.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"dataset": "parquet_stream", "options": {
-            "path": "s3://features/digits/stream", "label": "digit", "num_classes": 10, "input_shape": [1, 8, 8],
-            "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
-        }},
-        "train": {"epochs": 6, "batch_size": 64, "num_workers": 2},
-        "mlflow": {"experiment": "stream", "model_name": "stream-digits"},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "data": {
+                    "dataset": "parquet_stream",
+                    "options": {
+                        "path": "s3://features/digits/stream",
+                        "label": "digit",
+                        "num_classes": 10,
+                        "input_shape": [1, 8, 8],
+                        "ranges": {c: [0, 16] for c in DIGITS_PIXELS},
+                    },
+                },
+                "train": {"epochs": 6, "batch_size": 64, "num_workers": 2},
+                "mlflow": {"experiment": "stream", "model_name": "stream-digits"},
+            }
+        )
+    )
     uri = mlflow_server
     proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**_aws(moto_endpoint), "MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -98,7 +128,9 @@ def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, 
     assert run.data.metrics["test_accuracy"] >= 0.9
     quarantine = pd.read_parquet(client.download_artifacts(run_id, "data/quarantine", str(tmp_path))).sort_values("row")
     assert quarantine["row"].tolist() == [7, 1500]
-    assert quarantine["source_file"].tolist() == ["s3://features/digits/stream/part-0.parquet",
-                                                  "s3://features/digits/stream/part-2.parquet"]
+    assert quarantine["source_file"].tolist() == [
+        "s3://features/digits/stream/part-0.parquet",
+        "s3://features/digits/stream/part-2.parquet",
+    ]
     assert quarantine["source_row"].tolist() == [7, 300]
     assert quarantine["reason"].iloc[1].startswith("duplicate")

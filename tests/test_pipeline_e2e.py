@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from flyscale.config import PipelineConfig
-from flyscale.strict import ConfigError
+from flyscale.config.strict import ConfigError
 from tests.conftest import run_pipeline
 
 
@@ -22,10 +22,16 @@ from tests.conftest import run_pipeline
     "preset, message",
     [
         ("train: {epochs: -1}", "train.epochs must be > 0"),
+        # Types are checked strictly, as pydantic's strict mode does: no float truncated, no string read as a number.
+        ("train: {epochs: 2.5}", "train.epochs: expected an integer, got 2.5"),
+        ('train: {epochs: "5"}', "train.epochs: expected an integer, got '5'"),
+        ('model: {options: {hidden: "abc"}}', "model.options.hidden: expected a list, got 'abc'"),
         # Unknown keys are refused with the nearest name, in YAML and in JSON, at every depth
         # (more cases below, through the same decoder pyflyte calls, without a pyflyte each).
-        ('{"model": {"name": "cnn", "options": {"chanels": [8]}}}',
-         "model.options.chanels: unknown option; did you mean 'channels'?"),
+        (
+            '{"model": {"name": "cnn", "options": {"chanels": [8]}}}',
+            "model.options.chanels: unknown option; did you mean 'channels'?",
+        ),
     ],
 )
 def test_bad_config_fails_before_any_task_naming_the_key(tmp_path, preset, message):
@@ -36,6 +42,26 @@ def test_bad_config_fails_before_any_task_naming_the_key(tmp_path, preset, messa
     log = proc.stdout + proc.stderr
     assert message in log, log[-3000:]
     assert "fingerprint_data" not in log and "Checking cache for task" not in log  # no task started
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "later, message",
+    [
+        # A later --cfg overrides the fields it names and keeps the rest of the earlier one...
+        ('{"train": {"lr": 0.01}}', "train.epochs must be > 0, got -1"),
+        # ...and where both name a field, the later one wins.
+        ('{"train": {"epochs": 0}}', "train.epochs must be > 0, got 0"),
+    ],
+)
+def test_several_cfg_merge_in_order(tmp_path, later, message):
+    """`--cfg a.yaml --cfg '{...}'`: both are read (not only the last), merged in order."""
+    first = tmp_path / "a.yaml"
+    first.write_text("train: {epochs: -1}\nmlflow: {model_name: merged}\n")
+    proc = run_pipeline(tmp_path, "--cfg", str(first), "--cfg", later)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and message in log, log[-3000:]
+    assert "Checking cache for task" not in log
 
 
 @pytest.mark.timeout(120)
@@ -50,8 +76,10 @@ def test_inline_json_preset_is_strict_too(tmp_path):
         ("train: {epoch: 3}", "train.epoch: unknown field; did you mean 'epochs'?"),
         ("model: {nmae: cnn}", "model.nmae: unknown field; did you mean 'name'?"),
         ("trian: {epochs: 3}", "unknown config section 'trian'; did you mean 'train'?"),
-        ("recovery: {checkpoint_every_step: 5}",
-         "recovery.checkpoint_every_step: unknown field; did you mean 'checkpoint_every_steps'?"),
+        (
+            "recovery: {checkpoint_every_step: 5}",
+            "recovery.checkpoint_every_step: unknown field; did you mean 'checkpoint_every_steps'?",
+        ),
         ("recovery: {keep_checkpoints: 0}", "recovery.keep_checkpoints must be > 0"),
     ],
 )
@@ -59,3 +87,22 @@ def test_cfg_presets_decode_strictly(preset, message):
     """`pyflyte run --cfg FILE` reads the file as YAML and builds the input with PipelineConfig.from_json."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         PipelineConfig.from_json(json.dumps(yaml.safe_load(preset)))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])
+@pytest.mark.parametrize("kind", ["data", "config"])
+def test_a_user_error_ends_in_its_own_message_and_the_traceback_is_there_when_asked(tmp_path, kind, verbose):
+    """Bad data (found in a task) or bad config (before any): the message alone, naming the file or
+    the field; FLYSCALE_VERBOSE=1 adds the traceback."""
+    missing = tmp_path / "rows.parquet"
+    if kind == "data":
+        preset = {"data": {"dataset": "parquet", "options": {"path": str(missing), "num_classes": 2}}}
+        message = f"dataset 'parquet': data.options.path '{missing}' does not exist"
+    else:
+        preset, message = {"train": {"epochs": 2.5}}, "train.epochs: expected an integer, got 2.5"
+    proc = run_pipeline(tmp_path, "--cfg", json.dumps(preset), env={"FLYSCALE_VERBOSE": "1"} if verbose else {})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert message in log, log[-3000:]
+    assert ("Traceback (most recent call last)" in log) is verbose, log[-3000:]

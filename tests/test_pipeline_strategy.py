@@ -13,12 +13,13 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from flyscale import meta
 from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext, process_group, set_epoch
-from flyscale.step import make_optimizer, standard_step
-from flyscale.training import TrainData, evaluate_split
+from flyscale.train import meta
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import DistContext, process_group, set_epoch
+from flyscale.train.evaluator import evaluate_split
+from flyscale.train.step import make_optimizer, standard_step
 from flyscale_plugins.models import CNNOptions, MLPOptions, cnn, mlp
 from flyscale_plugins.strategies.pipeline import (
     PipelineOptions,
@@ -33,7 +34,6 @@ from flyscale_plugins.strategies.pipeline import (
 WIDE = (256, 256, 256)  # four Linear layers of which the balanced split puts two on each stage
 INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
 RTOL, ATOL = 1e-5, 4e-5
-
 
 
 # ---------------------------------------------------------------- helpers
@@ -63,8 +63,12 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tuple) -> None:
     """Join a gloo group as `rank` and save what `scenario(ctx, *args)` returns."""
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world), CUDA_VISIBLE_DEVICES="",  # CPU and gloo even on a GPU machine
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        CUDA_VISIBLE_DEVICES="",  # CPU and gloo even on a GPU machine
     )
     torch.set_num_threads(1)  # two processes share two cores
     with process_group(timeout_s=30) as ctx:
@@ -139,7 +143,8 @@ def _train_meta(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: Pi
     return {
         "state": {k: v.detach().cpu() for k, v in result.model.state_dict().items() if not v.is_meta},
         "meta_layers": [i for i, layer in enumerate(result.model) if meta.is_meta(layer)],
-        "state_mb": result.history.state_mb, "epochs": [asdict(m) for m in result.history.epochs],
+        "state_mb": result.history.state_mb,
+        "epochs": [asdict(m) for m in result.history.epochs],
     }
 
 
@@ -182,8 +187,9 @@ def test_one_step_matches_single_process_for_both_schedules(tmp_path):
 @pytest.mark.parametrize("clip", [0.0, 0.05], ids=["no-clip", "global-clip"])
 def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
     data = _toy_data()  # 72 rows: 4 full batches of 16 per epoch, the partial one is dropped
-    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=clip,
-                    track_train_accuracy=True)
+    cfg = TrainConfig(
+        strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=clip, track_train_accuracy=True
+    )
     ref_model, ref_epochs = _reference_training(data, cfg)
     v_loss, v_correct, v_count = evaluate_split(ref_model, data.x_val, data.y_val, DistContext())()
 
@@ -211,8 +217,9 @@ def test_meta_built_stages_hold_only_their_layers_and_train_as_one_process(tmp_p
     stage's layers, its parameters, gradients and AdamW state are at most 0.6x the whole model's,
     and rank 0 assembles at the end the weights one process trains from the same initial weights."""
     data = _toy_data()
-    cfg = TrainConfig(strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=0.05,
-                      track_train_accuracy=True)
+    cfg = TrainConfig(
+        strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=0.05, track_train_accuracy=True
+    )
     options = PipelineOptions(schedule="gpipe", microbatches=4)
     ref_model, ref_epochs = _reference_training(data, cfg, meta.materialise(_meta_mlp(), "cpu", cfg.seed))
 

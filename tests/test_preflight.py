@@ -11,21 +11,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset
 
-from flyscale import data as fdata
-from flyscale import registry
 from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
-from flyscale.distributed import process_group
-from flyscale.preflight import PreflightReport, compare, run_preflight
-from flyscale.step import make_optimizer, standard_step
-from flyscale.training import (
-    EpochMetrics,
-    TrainData,
-    TrainHistory,
-    TrainResult,
-    evaluate_split,
-    fit,
-    make_loader,
-)
+from flyscale.data import tensors as fdata
+from flyscale.plugin import registry
+from flyscale.train.batches import TrainData, make_loader
+from flyscale.train.distributed import process_group
+from flyscale.train.evaluator import evaluate_split
+from flyscale.train.loop import TrainResult, fit
+from flyscale.train.preflight import PreflightReport, compare, run_preflight
+from flyscale.train.step import make_optimizer, standard_step
+from flyscale.train.strategies import wants_meta_model
+from flyscale.train.telemetry import EpochMetrics, TrainHistory
 from flyscale_plugins.datasets import digits
 from tests.distributed_helpers import run_on_ranks
 
@@ -63,7 +59,7 @@ def _preflight_on_rank(cases: list[tuple[str, dict]], steps: int = 5) -> list:
     Several cases share one spawned group: starting processes costs more than the check itself.
     Returns [(report, error message)] in case order.
     """
-    from flyscale import artifacts
+    from flyscale import model as artifacts
 
     out = []
     with process_group(timeout_s=60) as ctx:
@@ -73,12 +69,21 @@ def _preflight_on_rank(cases: list[tuple[str, dict]], steps: int = 5) -> list:
             cfg = TrainConfig(strategy=strategy, **train)
             fn, options = cfg.plugin.plugin, cfg.plugin.options
             try:
-                out.append((run_preflight(
-                    # As the preflight task builds it: on the meta device for the pipeline strategy.
-                    lambda: artifacts.build_model(MODEL, digits.info(None), meta=artifacts.wants_meta_model(cfg)),
-                    _digits(), cfg,
-                    PreflightConfig(enabled=True, steps=steps), ctx, fn, options,
-                ), None))
+                out.append(
+                    (
+                        run_preflight(
+                            # As the preflight task builds it: on the meta device for the pipeline strategy.
+                            lambda cfg=cfg: artifacts.build_model(MODEL, digits.info(None), meta=wants_meta_model(cfg)),
+                            _digits(),
+                            cfg,
+                            PreflightConfig(enabled=True, steps=steps),
+                            ctx,
+                            fn,
+                            options,
+                        ),
+                        None,
+                    )
+                )
             except ValueError as exc:
                 out.append((None, str(exc)))
             ctx.barrier()  # rank 1 must not start the next case while rank 0 still runs the reference
@@ -118,7 +123,7 @@ def test_broken_setups_fail_fast_with_the_numbers():
         assert "Suspect data sharding, learning-rate scaling, gradient synchronisation" in error
         lines = error.splitlines()
         header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["step", "loss@1"])
-        rows = [line.split() for line in lines[header + 1:]]
+        rows = [line.split() for line in lines[header + 1 :]]
         assert [r[0] for r in rows] == ["1", "2", "3", "4", "5"], error
         # Each fault is far beyond the default rtol (1e-3), not a borderline call.
         assert max(float(r[-1]) for r in rows) > 1e-2, error
@@ -139,10 +144,17 @@ def test_compare_uses_relative_tolerance_on_every_step():
 
 
 def test_workers_slower_than_one_process_are_named_with_the_numbers_and_knobs():
-    from flyscale.preflight import slower_with_workers
+    from flyscale.train.preflight import slower_with_workers
 
-    report = PreflightReport(passed=True, world_size=2, steps=5, strategy="ddp", samples_per_s_world1=15400.0,
-                             samples_per_s_worldN=13000.0, grad_comm_fraction=0.42)
+    report = PreflightReport(
+        passed=True,
+        world_size=2,
+        steps=5,
+        strategy="ddp",
+        samples_per_s_world1=15400.0,
+        samples_per_s_worldN=13000.0,
+        grad_comm_fraction=0.42,
+    )
     message = slower_with_workers(report, TrainConfig(batch_size=32))
     assert "2 workers train 13,000 samples/s against 15,400 for one process with the same cores (0.84x)" in message
     assert "communication-bound" in message and "42%" in message
@@ -152,7 +164,7 @@ def test_workers_slower_than_one_process_are_named_with_the_numbers_and_knobs():
 
 
 def test_disabled_preflight_returns_at_once():
-    from flyscale.distributed import DistContext
+    from flyscale.train.distributed import DistContext
 
     def never(*_):
         raise AssertionError("the strategy must not run when preflight is disabled")
@@ -173,34 +185,50 @@ def test_switched_off_task_starts_no_workers(monkeypatch):
     monkeypatch.setattr(PytorchElasticFunctionTask, "_execute", no_workers)  # where flytekit starts workers
     frame = digits.load(None).head(64)
     report, ran = preflight_check.execute(
-        train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
+        train=frame,
+        val=frame,
+        info=digits.info(None),
+        model_cfg=MODEL,
+        cfg=TrainConfig(),
         preflight_cfg=PreflightConfig(),
     )
     assert report == PreflightReport.skipped() and ran.task == "preflight_check"
     with pytest.raises(AssertionError, match="started the worker group"):  # and on, it would have
         preflight_check.execute(
-            train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, cfg=TrainConfig(),
+            train=frame,
+            val=frame,
+            info=digits.info(None),
+            model_cfg=MODEL,
+            cfg=TrainConfig(),
             preflight_cfg=PreflightConfig(enabled=True),
         )
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("steps", 0, "preflight.steps must be > 0"),
-    ("rtol", 0.0, "preflight.rtol must be > 0"),
-    ("rtol", 1.5, "preflight.rtol must be < 1"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("steps", 0, "preflight.steps must be > 0"),
+        ("rtol", 0.0, "preflight.rtol must be > 0"),
+        ("rtol", 1.5, "preflight.rtol must be < 1"),
+    ],
+)
 def test_preflight_config_names_the_bad_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         PreflightConfig(**{field: value})
 
 
 def _world_one(strategy, cfg: TrainConfig) -> PreflightReport:
-    from flyscale import artifacts
-    from flyscale.distributed import DistContext
+    from flyscale import model as artifacts
+    from flyscale.train.distributed import DistContext
 
     return run_preflight(
-        lambda: artifacts.build_model(MODEL, digits.info(None)), _digits(), cfg, PreflightConfig(enabled=True, steps=3),
-        DistContext(), strategy, cfg.plugin.options,
+        lambda: artifacts.build_model(MODEL, digits.info(None)),
+        _digits(),
+        cfg,
+        PreflightConfig(enabled=True, steps=3),
+        DistContext(),
+        strategy,
+        cfg.plugin.options,
     )
 
 

@@ -8,10 +8,12 @@ import torch
 from rich.console import Console
 
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.progress import train_progress
-from flyscale.step import make_optimizer, standard_step
-from flyscale.training import evaluate_split, fit, make_loader
+from flyscale.train.batches import make_loader
+from flyscale.train.distributed import DistContext
+from flyscale.train.evaluator import evaluate_split
+from flyscale.train.loop import fit
+from flyscale.train.progress import train_progress
+from flyscale.train.step import make_optimizer, standard_step
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import MLP, MLPOptions
 
@@ -30,8 +32,16 @@ def _fit(cfg: TrainConfig, ctx: DistContext) -> None:
     dataset = torch.utils.data.TensorDataset(x, y)
     loader = make_loader(dataset, ctx.train_sampler(dataset, seed=0), cfg, ctx)
     optimizer = make_optimizer(model, cfg)
-    fit(model, standard_step(model, optimizer, cfg, ctx.device), loader, evaluate_split(model, x, y, ctx), cfg, ctx,
-        "ddp", optimizer)
+    fit(
+        model,
+        standard_step(model, optimizer, cfg, ctx.device),
+        loader,
+        evaluate_split(model, x, y, ctx),
+        cfg,
+        ctx,
+        "ddp",
+        optimizer,
+    )
 
 
 def test_bar_is_off_without_a_terminal_and_off_rank_0():
@@ -67,7 +77,7 @@ def test_fit_draws_the_bar_only_on_a_terminal(capsys, monkeypatch, caplog):
     monkeypatch.delenv("FORCE_COLOR")
     monkeypatch.setenv("TTY_COMPATIBLE", "0")  # captured stdout: not a terminal
     caplog.clear()  # count the second run's lines only
-    with caplog.at_level("INFO", logger="flyscale.training"):
+    with caplog.at_level("INFO", logger="flyscale.train.loop"):
         _fit(cfg, DistContext())
     assert capsys.readouterr().out == ""  # nothing extra in logs...
     assert sum(r.getMessage().startswith("epoch ") for r in caplog.records) == 3  # ...which keep one line per epoch

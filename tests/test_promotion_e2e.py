@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flyscale import champion
+from flyscale.tracking import champion
 from tests.conftest import BIN, REPO, free_port, run_pipeline
 from tests.faults import FaultProxy, after, fail_registry, fail_writes, training_workers
 
@@ -62,12 +62,19 @@ def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, ml
     killed = "once training runs" in fault
     checkpoints = tmp_path / "checkpoints"
     # Training long enough to be hit mid-run, checkpointing often (see below).
-    sections = {"train": {"epochs": 16, "batch_size": 64},
-                "recovery": {"checkpoint_every_steps": 10, "checkpoint_dir": str(checkpoints)}} if killed else {}
+    sections = (
+        {
+            "train": {"epochs": 16, "batch_size": 64},
+            "recovery": {"checkpoint_every_steps": 10, "checkpoint_dir": str(checkpoints)},
+        }
+        if killed
+        else {}
+    )
     try:
         if not killed:
-            proc = run_pipeline(tmp_path, "--cfg", _preset(tmp_path, name, **sections),
-                                env={"MLFLOW_TRACKING_URI": uri}, timeout=500)
+            proc = run_pipeline(
+                tmp_path, "--cfg", _preset(tmp_path, name, **sections), env={"MLFLOW_TRACKING_URI": uri}, timeout=500
+            )
             log = proc.stdout + proc.stderr
         else:
             # On the way, a training worker is killed (SIGKILL) once the first checkpoint is
@@ -102,7 +109,9 @@ def test_mlflow_failing_fails_the_run_retryably_and_changes_nothing(tmp_path, ml
         assert live, log[-4000:]
         run = client.get_run(live.group(1))
         assert run.info.status == "FAILED", run.info
-        assert "gate_model" in run.data.tags["flyscale.failure"] and "MLflow failed" in run.data.tags["flyscale.failure"]
+        assert (
+            "gate_model" in run.data.tags["flyscale.failure"] and "MLflow failed" in run.data.tags["flyscale.failure"]
+        )
         assert run.data.metrics["val_accuracy"] > 0  # what training logged stays with it
 
 
@@ -111,8 +120,14 @@ def _start(tmp_path, tag: str, preset: str, uri: str) -> tuple[subprocess.Popen,
     home.mkdir()
     log = open(home / "log.txt", "w")
     env = {**os.environ, "HOME": str(home), "MLFLOW_TRACKING_URI": uri, "COLUMNS": "400"}
-    proc = subprocess.Popen([str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", "--cfg", preset],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [str(BIN / "pyflyte"), "run", "workflows/train.py", "training_pipeline", "--cfg", preset],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     return proc, home / "log.txt"
 
 
@@ -125,12 +140,21 @@ def test_two_runs_racing_to_promote_move_the_alias_once(tmp_path, mlflow_server)
     lock = name + champion.LOCK_SUFFIX
     client.create_registered_model(lock, tags={"flyscale.acquired_at": str(time.time())})
     # Different seeds: two different candidates (identical weights would be the same model).
-    runs = [_start(tmp_path, f"run{seed}", _preset(tmp_path, name, data={"seed": seed}, train={**QUICK["train"], "seed": seed}),
-                   mlflow_server) for seed in (1, 2)]
+    runs = [
+        _start(
+            tmp_path,
+            f"run{seed}",
+            _preset(tmp_path, name, data={"seed": seed}, train={**QUICK["train"], "seed": seed}),
+            mlflow_server,
+        )
+        for seed in (1, 2)
+    ]
     try:
         deadline = time.time() + 600
         while not all(f"waiting for '{lock}'" in path.read_text() for _, path in runs):
-            assert time.time() < deadline and all(p.poll() is None for p, _ in runs), [p.read_text()[-2000:] for _, p in runs]
+            assert time.time() < deadline and all(p.poll() is None for p, _ in runs), [
+                p.read_text()[-2000:] for _, p in runs
+            ]
             time.sleep(1)
         client.delete_registered_model(lock)
         outs = []
@@ -165,8 +189,9 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     mlflow.set_experiment("promotion")
     with mlflow.start_run() as other:
         mlflow.log_metrics({"test_accuracy": 0.999, "test_macro_f1": 0.999})
-    better = client.create_model_version(name, f"runs:/{other.info.run_id}/m", other.info.run_id,
-                                         tags={"flyscale.run_id": other.info.run_id})
+    better = client.create_model_version(
+        name, f"runs:/{other.info.run_id}/m", other.info.run_id, tags={"flyscale.run_id": other.info.run_id}
+    )
     client.set_registered_model_alias(name, "champion", better.version)
 
     again = run_pipeline(tmp_path, "--cfg", preset, env=env)
@@ -174,9 +199,12 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     assert again.returncode == 0, log[-4000:]
     # Training was not repeated, but the judgment was: against the new champion, not replayed (and the
     # data was validated again, against the new champion's reference; the same rows re-ran nothing).
-    assert "cache       ran validate_data, record_candidate; from the cache: load_data, split_data" in again.stdout, \
+    assert "cache       ran validate_data, record_candidate; from the cache: load_data, split_data" in again.stdout, (
         again.stdout[-3000:]
-    assert "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
+    )
+    assert (
+        "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
+    )
     assert f"judged      against v{better.version}" in again.stdout
     assert client.get_registered_model(name).aliases == {"champion": better.version}
     # The failed candidate took the other branch: its run and both its models are logged for
@@ -186,7 +214,8 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     run = client.get_run(re.search(r"mlflow\s+run (\w+)", again.stdout).group(1))
     assert run.data.tags["flyscale.gates"] == "failed"
     assert run.data.tags["gate.beats_champion"].startswith("failed: test accuracy")
-    logged = client.search_logged_models(experiment_ids=[run.info.experiment_id],
-                                         filter_string=f"source_run_id = '{run.info.run_id}'")
+    logged = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
+    )
     assert sorted(m.name for m in logged) == ["model", "model_int8"]
     assert sorted(v.version for v in client.search_model_versions(f"name='{name}'")) == ["1", better.version]

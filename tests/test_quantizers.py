@@ -8,10 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.ao.nn import quantized as nnq
 
-from flyscale import artifacts, data, registry
+from flyscale import model as artifacts
 from flyscale.config import DataConfig, ModelConfig, QuantizeConfig
-from flyscale.evaluation import evaluate
-from flyscale.registry import PluginContractError
+from flyscale.data import source as data
+from flyscale.data.split import split
+from flyscale.data.tensors import to_tensors
+from flyscale.evaluate.metrics import evaluate
+from flyscale.evaluate.quantize import quantize, rebuild_quantized
+from flyscale.plugin import registry
+from flyscale.plugin.registry import PluginContractError
+from flyscale.train.batches import train_data
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,8 +37,8 @@ MAX_LOGIT_ERROR = 0.04
 @pytest.fixture(scope="module")
 def digits():
     frame, info = data.load(DataConfig())
-    train, val, test = data.split(frame, DataConfig())
-    return data.train_data(train, val, info), data.to_tensors(test, info), info
+    train, val, test = split(frame, DataConfig())
+    return train_data(train, val, info), to_tensors(test, info), info
 
 
 def _calibration(d) -> list[torch.Tensor]:
@@ -58,13 +64,13 @@ def _trained(cfg: ModelConfig, epochs: int, digits) -> nn.Module:
 @pytest.fixture(scope="module")
 def mlp(digits):
     model = _trained(ModelConfig(), 5, digits)
-    return model, artifacts.quantize(model, STATIC, _calibration(digits[0]))
+    return model, quantize(model, STATIC, _calibration(digits[0]))
 
 
 @pytest.fixture(scope="module")
 def cnn(digits):
     model = _trained(CNN, 3, digits)
-    return model, artifacts.quantize(model, STATIC, _calibration(digits[0]))
+    return model, quantize(model, STATIC, _calibration(digits[0]))
 
 
 @pytest.mark.parametrize("which", ["mlp", "cnn"])
@@ -99,7 +105,7 @@ def test_a_state_dict_restores_the_quantized_model_exactly(which, cfg, request, 
     _, qmodel = request.getfixturevalue(which)
     _, (x, _), info = digits
     path = artifacts.save_state(qmodel, "model_int8.pt")
-    fresh = artifacts.rebuild_quantized(artifacts.build_model(cfg, info), STATIC, info)
+    fresh = rebuild_quantized(artifacts.build_model(cfg, info), STATIC, info)
     assert not torch.equal(fresh(x), qmodel(x))  # before loading: synthetic scales, random weights
     restored = artifacts.load_state(fresh, path)  # torch.load(weights_only=True)
     assert torch.equal(restored(x), qmodel(x))
@@ -109,9 +115,9 @@ def test_rebuild_quantized_serves_a_quantizer_that_does_not_calibrate(mlp, digit
     model, _ = mlp
     _, (x, _), info = digits
     dynamic = QuantizeConfig(name="dynamic_int8")
-    qmodel = artifacts.quantize(model, dynamic)
+    qmodel = quantize(model, dynamic)
     path = artifacts.save_state(qmodel, "model_int8.pt")
-    fresh = artifacts.rebuild_quantized(artifacts.build_model(ModelConfig(), info), dynamic, info)
+    fresh = rebuild_quantized(artifacts.build_model(ModelConfig(), info), dynamic, info)
     restored = artifacts.load_state(fresh, path)
     assert torch.equal(restored(x), qmodel(x))
 
@@ -124,7 +130,7 @@ def _tiny(info) -> nn.Module:
 @pytest.mark.parametrize("calibration", [None, []])
 def test_static_int8_without_calibration_is_a_clear_error(calibration, digits):
     with pytest.raises(ValueError, match=r"quantizer 'static_int8' calibrates on data: pass calibration"):
-        artifacts.quantize(_tiny(digits[2]), STATIC, calibration)
+        quantize(_tiny(digits[2]), STATIC, calibration)
     with pytest.raises(ValueError, match=r"static_int8 needs calibration"):  # the plugin, called directly
         STATIC.plugin.plugin.quantize(_tiny(digits[2]), None, [torch.ones(2, 64, dtype=torch.int64)])
 
@@ -159,10 +165,10 @@ def test_a_two_argument_quantizer_still_works_through_flyscale(register, digits)
     plugin = register("acme_halves", _Halves())
     model = _tiny(digits[2])
     # The quantize task passes calibration to every quantizer; one that does not calibrate never sees it.
-    out = artifacts.quantize(model, QuantizeConfig(name="acme_halves"), _calibration(digits[0]))
+    out = quantize(model, QuantizeConfig(name="acme_halves"), _calibration(digits[0]))
     assert plugin.calls == [(model, None)]
     assert next(out.parameters()).dtype == torch.float16
-    artifacts.quantize(_tiny(digits[2]), QuantizeConfig(name="acme_halves"))  # and without calibration
+    quantize(_tiny(digits[2]), QuantizeConfig(name="acme_halves"))  # and without calibration
     assert len(plugin.calls) == 2
 
 
@@ -184,6 +190,7 @@ def test_a_calibrating_quantizer_must_take_the_calibration(register):
             return model
 
     assert registry.contract_problems("quantizers", Takes()) == []
+
     # The same 3-argument method without calibrates = True would be called with two: refused too.
     class Undeclared(Takes):
         calibrates = False

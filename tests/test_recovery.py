@@ -19,16 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from flyscale.checkpoint import (
-    MANIFEST,
-    Checkpointer,
-    CheckpointError,
-    Position,
-    TrainState,
-    complete_checkpoints,
-    run_directory,
-)
-from flyscale.distributed import DistContext
+from flyscale.train.checkpoint import Checkpointer
+from flyscale.train.checkpoint_files import MANIFEST, CheckpointError, complete_checkpoints, run_directory
+from flyscale.train.distributed import DistContext
+from flyscale.train.state import Position, TrainState
 from tests.conftest import REPO
 
 EVERY = 20  # steps between checkpoints
@@ -39,9 +33,22 @@ def _launch(out: Path, strategy: str, restarts: int, *flyte: str, env: dict | No
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "w")
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.recovery_helpers", str(out), strategy, "2", str(restarts), str(EVERY),
-         str(EPOCHS), *flyte],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # its own process group
+        [
+            sys.executable,
+            "-m",
+            "tests.recovery_helpers",
+            str(out),
+            strategy,
+            "2",
+            str(restarts),
+            str(EVERY),
+            str(EPOCHS),
+            *flyte,
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group
         env={**os.environ, **(env or {})},
     )
 
@@ -57,7 +64,9 @@ def _wait_for(predicate, proc: subprocess.Popen, out: Path, timeout: float = 120
         value = predicate()
         if value:
             return value
-        assert proc.poll() is None, f"the run ended before the fault was injected:\n{(out / 'log.txt').read_text()[-3000:]}"
+        assert proc.poll() is None, (
+            f"the run ended before the fault was injected:\n{(out / 'log.txt').read_text()[-3000:]}"
+        )
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting; log:\n{(out / 'log.txt').read_text()[-3000:]}")
 
@@ -108,14 +117,17 @@ def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, 
     seen = _wait_for(lambda: _newest_step(first / "ckpt") >= 3 * EVERY and _newest_step(first / "ckpt"), proc, first)
     os.kill(int((first / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
     _wait_for(lambda: "resuming from checkpoint" in (first / "log.txt").read_text(), proc, first)
-    resumed = int(re.search(r"resuming from checkpoint \S+ \(local\): step (\d+)", (first / "log.txt").read_text()).group(1))
+    resumed = int(
+        re.search(r"resuming from checkpoint \S+ \(local\): step (\d+)", (first / "log.txt").read_text()).group(1)
+    )
     assert (first / "pids" / "rank1-restart1").exists(), "torch-elastic did not restart the worker group"
     assert resumed in (seen, seen + EVERY), (seen, resumed)
 
     # 2. The restarted group uploads further checkpoints; then every process of the attempt dies
     # at once (the pod is preempted).
-    uploaded = lambda: max((int(p.parent.name.split("-")[1]) for p in first_dest.glob(f"step-*/{MANIFEST}")),  # noqa: E731
-                           default=0)
+    def uploaded() -> int:
+        return max((int(p.parent.name.split("-")[1]) for p in first_dest.glob(f"step-*/{MANIFEST}")), default=0)
+
     _wait_for(lambda: uploaded() >= resumed + 2 * EVERY, proc, first)
     with contextlib.suppress(ProcessLookupError):  # on a slow machine it may have finished: still a valid source
         os.killpg(proc.pid, signal.SIGKILL)
@@ -142,8 +154,11 @@ def test_two_concurrent_runs_keep_their_checkpoints_apart(tmp_path, uninterrupte
     base, now = tmp_path / "shared", time.time()
     runs = []
     for name, seed, started_at in (("a", 3, now), ("b", 5, now + 0.001)):
-        env = {"FLYSCALE_TEST_CKPT_BASE": str(base), "FLYSCALE_TEST_STARTED_AT": repr(started_at),
-               "FLYSCALE_TEST_SEED": str(seed)}
+        env = {
+            "FLYSCALE_TEST_CKPT_BASE": str(base),
+            "FLYSCALE_TEST_STARTED_AT": repr(started_at),
+            "FLYSCALE_TEST_SEED": str(seed),
+        }
         out = tmp_path / name
         runs.append((out, _launch(out, "ddp", 1, env=env), run_directory(str(base), "local", started_at)))
     assert runs[0][2] != runs[1][2]
@@ -157,11 +172,13 @@ def test_two_concurrent_runs_keep_their_checkpoints_apart(tmp_path, uninterrupte
                 os.kill(int((out / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
                 alive.remove((out, proc, own))
             else:
-                assert proc.poll() is None, f"{out.name} ended before its fault:\n{(out / 'log.txt').read_text()[-3000:]}"
+                assert proc.poll() is None, (
+                    f"{out.name} ended before its fault:\n{(out / 'log.txt').read_text()[-3000:]}"
+                )
         assert time.monotonic() < deadline, "timed out waiting for the runs' checkpoints"
         time.sleep(0.01)
     histories = [_finish(proc, out) for out, proc, _ in runs]
-    for (out, _, own), history in zip(runs, histories):
+    for (_, _, own), history in zip(runs, histories):
         assert history["resumed_from_step"] >= 2 * EVERY and history["resumed_from"].startswith(str(own)), history
         assert history["steps_run"] < history["steps"]  # it resumed rather than started over
     assert sorted(p.name for p in base.iterdir()) == sorted(own.name for _, _, own in runs)
@@ -196,7 +213,7 @@ def test_a_worker_killed_by_a_signal_is_retryable_and_a_bug_is_not():
     from flytekit import task
     from flytekit.exceptions.user import FlyteRecoverableException
 
-    from tasks.elastic import LocalSafeElastic
+    from flyscale.cluster.launchers import LocalSafeElastic
 
     @task(task_config=LocalSafeElastic(nnodes=1, nproc_per_node=2, max_restarts=0, monitor_interval=0.1))
     def fails(how: str) -> int:
@@ -259,8 +276,11 @@ def test_a_corrupt_or_unfinished_checkpoint_is_refused(tmp_path):
 
 def test_a_checkpoint_of_another_model_or_world_size_is_refused(tmp_path):
     ckpt = _saved(tmp_path, [3])
-    with pytest.raises(CheckpointError, match=r"holds another model than this run builds: 0.bias is float32 \[8\] in the checkpoint and "
-                                            r"float32 \[16\] in this model"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds another model than this run builds: 0.bias is float32 \[8\] in the checkpoint and "
+        r"float32 \[16\] in this model",
+    ):
         ckpt.restore(_state(hidden=16), DistContext(), "ddp")
     with pytest.raises(CheckpointError, match=r"written by 1 workers and this run has 2"):
         # The world size is checked from the manifest, before any collective or any load.

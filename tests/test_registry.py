@@ -11,12 +11,24 @@ import pandas as pd
 import pytest
 from torch import nn
 
-from flyscale import data, gating, registry, validation
 from flyscale.api import DatasetInfo, GateVerdict
-from flyscale.champion import ChampionRef
-from flyscale.config import AugmentConfig, DataConfig, GateConfig, GatesConfig, ModelConfig, PipelineConfig, flatten
-from flyscale.contracts import as_dataset_info, as_gate_verdict
-from flyscale.registry import PluginContractError
+from flyscale.config import (
+    AugmentConfig,
+    DataConfig,
+    GateConfig,
+    GatesConfig,
+    ModelConfig,
+    PipelineConfig,
+    flatten,
+)
+from flyscale.data import source as data
+from flyscale.data import validation
+from flyscale.data.augment import augment
+from flyscale.evaluate import gating
+from flyscale.evaluate.gating import ChampionRef
+from flyscale.plugin import registry
+from flyscale.plugin.contracts import as_dataset_info, as_gate_verdict
+from flyscale.plugin.registry import PluginContractError
 
 
 @pytest.fixture
@@ -96,7 +108,10 @@ def test_a_plugin_of_the_wrong_shape_is_refused_with_what_it_lacks(register, plu
 def test_callable_kinds_are_checked_as_callables(register):
     with pytest.raises(PluginContractError, match=r"is not callable as \(x, rng, options\)"):
         register("augmentations", "t_aug", object())
-    with pytest.raises(PluginContractError, match=r"has \(model, data\), not \(model, data, cfg, ctx, options\)"):
+    with pytest.raises(
+        PluginContractError,
+        match=r"has \(model, data\), not \(model, data, cfg, ctx, options, hooks\): take `hooks` after `options`",
+    ):
         register("strategies", "t_strategy", lambda model, data: None)
 
 
@@ -106,8 +121,13 @@ def test_a_dataset_may_leave_out_row_schema_but_not_load(register):
             return pd.DataFrame({"a": [0.0, 1.0, np.nan, 2.0], "b": [1.0, 1.0, 1.0, 9.0], "label": [0, 1, 1, 5]})
 
         def info(self, options):
-            return {"name": "tab", "num_classes": 2, "input_shape": [2], "feature_columns": ["a", "b"],
-                    "feature_ranges": {"b": [0, 5]}}
+            return {
+                "name": "tab",
+                "num_classes": 2,
+                "input_shape": [2],
+                "feature_columns": ["a", "b"],
+                "feature_ranges": {"b": [0, 5]},
+            }
 
     register("datasets", "t_tab", Tabular)
     cfg = DataConfig(dataset="t_tab", max_quarantine_fraction=1.0)
@@ -216,10 +236,10 @@ def test_value_ranges_come_from_the_dataset_not_from_digits():
     frame = pd.DataFrame({"a": rng.uniform(100, 200, 64), "b": rng.uniform(-5, 5, 64), "label": [0, 1] * 32})
     cfg = AugmentConfig(names=["noise"], options={"noise": {"std": 0.5}}, copies=1)
     free = DatasetInfo("t", 2, [2], ["a", "b"])
-    out = data.augment(frame, free, cfg).iloc[64:]
+    out = augment(frame, free, cfg).iloc[64:]
     assert out["a"].min() < 100 and out["b"].min() < -5  # nothing clips to digits' [0, 16]
     bounded = DatasetInfo("t", 2, [2], ["a", "b"], feature_ranges={"a": [100.0, 200.0]})
-    out = data.augment(frame, bounded, cfg).iloc[64:]
+    out = augment(frame, bounded, cfg).iloc[64:]
     assert out["a"].between(100, 200).all() and out["b"].min() < -5  # clipped only where declared
 
 

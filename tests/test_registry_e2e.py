@@ -1,6 +1,6 @@
 """The registry and the UI through real `pyflyte run` against a real `mlflow server`: checked
-through MLflow's client, the first model becomes champion and a better one takes the alias; runs are told apart by name, training curves are there, rollback
-moves the alias back and says who and why, and both champions load with pickle deserialization
+through MLflow's client, the first model becomes champion and a better one takes the alias; runs
+are told apart by name, training curves are there, rollback moves the alias back and says who and why, and both champions load with pickle deserialization
 disabled. Then a headless browser opens the UI where the summary says, lands on the runs, and
 compares two."""
 
@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from flyscale.tracking import KIND_TAG, TRAINING_KIND
+from flyscale.tracking.store import KIND_TAG, TRAINING_KIND
 from tests.conftest import BIN, REPO, run_pipeline
 
 MODEL = "registry-e2e"
@@ -24,12 +24,16 @@ MODEL = "registry-e2e"
 
 def _cfg(tmp_path, name: str, epochs: int):
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "augment": {"copies": 0},
-        "train": {"epochs": epochs, "batch_size": 64},
-        "gate": [{"name": "beats_champion"}, {"name": "quantization"}],  # no options: their defaults
-        "mlflow": {"experiment": "registry-e2e", "model_name": MODEL},
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "augment": {"copies": 0},
+                "train": {"epochs": epochs, "batch_size": 64},
+                "gate": [{"name": "beats_champion"}, {"name": "quantization"}],  # no options: their defaults
+                "mlflow": {"experiment": "registry-e2e", "model_name": MODEL},
+            }
+        )
+    )
     return path
 
 
@@ -81,15 +85,24 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == ["1", "2"]
     assert client.get_model_version_by_alias(MODEL, "champion").version == "2"
     assert client.get_model_version_by_alias(f"{MODEL}-int8", "champion").version == "2"
-    logged = client.search_logged_models(experiment_ids=[client.get_run(_run_id(better)).info.experiment_id],
-                                         filter_string=f"source_run_id = '{_run_id(better)}'")
+    logged = client.search_logged_models(
+        experiment_ids=[client.get_run(_run_id(better)).info.experiment_id],
+        filter_string=f"source_run_id = '{_run_id(better)}'",
+    )
     assert sorted(m.name for m in logged) == ["model", "model_int8"]
 
     # Lineage on every version.
     v2 = client.get_model_version(MODEL, "2")
-    for tag in ("flyscale.data_fingerprint", "flyscale.config_sha256", "flyscale.git_commit",
-                "flyscale.flyte_execution", "flyscale.image", "flyscale.gate.beats_champion",
-                "flyscale.gate.quantization", "flyscale.test_data_sha256"):
+    for tag in (
+        "flyscale.data_fingerprint",
+        "flyscale.config_sha256",
+        "flyscale.git_commit",
+        "flyscale.flyte_execution",
+        "flyscale.image",
+        "flyscale.gate.beats_champion",
+        "flyscale.gate.quantization",
+        "flyscale.test_data_sha256",
+    ):
         assert v2.tags.get(tag), f"version 2 has no {tag}: {v2.tags}"
 
     # The UI opens on runs, runs have names that tell them apart, curves and the config are there.
@@ -113,9 +126,22 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
 
     # Rollback moves both aliases back and records who and why.
     proc = subprocess.run(
-        [str(BIN / "flyscale"), "rollback", "--model", MODEL, "--to", "1", "--reason", "v2 misbehaves in prod",
-         "--who", "oncall"],
-        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)}, capture_output=True, text=True, timeout=120,
+        [
+            str(BIN / "flyscale"),
+            "rollback",
+            "--model",
+            MODEL,
+            "--to",
+            "1",
+            "--reason",
+            "v2 misbehaves in prod",
+            "--who",
+            "oncall",
+        ],
+        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert client.get_model_version_by_alias(MODEL, "champion").version == "1"
@@ -124,7 +150,10 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert "rollback by oncall" in note and "from v2 to v1" in note and "v2 misbehaves in prod" in note
     refused = subprocess.run(
         [str(BIN / "flyscale"), "rollback", "--model", MODEL, "--to", "9", "--reason", "x"],
-        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)}, capture_output=True, text=True, timeout=120,
+        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert refused.returncode == 2 and "has no version '9'" in refused.stderr
 
@@ -132,8 +161,14 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
 CHROMIUM = Path("/usr/bin/chromium")
 # Without these chromium stalls or fails on a closed network (no sandbox as root, no GPU, no calls home).
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 # MLflow 3.17's UI picks the experiment page's landing view from the browser's "GenAI" /
 # "Model training" switch (the URL's workflowType, else localStorage, else GenAI), not from the
@@ -145,7 +180,6 @@ COMPARE_PAGE = "{base}/#/compare-runs?runs={runs}&experiments={experiments}"
 UI_TIMEOUT_MS = 60_000  # generous: the server has one worker, and CI machines are shared
 
 
-
 @pytest.fixture
 def browser_page(tmp_path):
     """A Playwright page in Debian's headless chromium, on a fresh empty profile."""
@@ -155,8 +189,11 @@ def browser_page(tmp_path):
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True,
-            args=CHROMIUM_ARGS, viewport={"width": 1600, "height": 1000},
+            str(tmp_path / "chromium-profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1600, "height": 1000},
         )
         try:
             page = context.new_page()
@@ -205,8 +242,11 @@ def test_the_ui_lands_on_the_runs_and_compares_two(executions, tmp_path, mlflow_
             raise AssertionError(f"run {name!r} is not in the runs table: {where}") from exc
 
     compact = {"separators": (",", ":")}  # as the UI's JSON.stringify writes them
-    url = COMPARE_PAGE.format(base=mlflow_server, runs=json.dumps(run_ids, **compact),
-                              experiments=json.dumps([experiment.experiment_id], **compact))
+    url = COMPARE_PAGE.format(
+        base=mlflow_server,
+        runs=json.dumps(run_ids, **compact),
+        experiments=json.dumps([experiment.experiment_id], **compact),
+    )
     page.goto(url)
     shot = tmp_path / "compare-runs.png"
     try:

@@ -26,8 +26,22 @@ IMAGE = "ghcr.io/acme/flyscale@sha256:" + "0" * 64
 
 def _pyflyte_package(tmp_path: Path, image: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN / "pyflyte"), "--pkgs", "workflows", "package", "--image", image, "-f", "-o", str(tmp_path / "pkg.tgz")],
-        cwd=REPO, env={**os.environ, "HOME": str(tmp_path), **env}, capture_output=True, text=True, timeout=300,
+        [
+            str(BIN / "pyflyte"),
+            "--pkgs",
+            "workflows",
+            "package",
+            "--image",
+            image,
+            "-f",
+            "-o",
+            str(tmp_path / "pkg.tgz"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "HOME": str(tmp_path), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -54,18 +68,37 @@ def _package(tmp_path: Path, **env: str) -> dict[str, object]:
 def packaged(tmp_path_factory) -> dict[str, dict[str, object]]:
     """The workflow packaged for one node, and for three nodes of 4 GPU workers each."""
     gpus = tmp_path_factory.mktemp("resources") / "gpu-nodes.yaml"
-    gpus.write_text(yaml.safe_dump({"training": {"cpu_per_process": "4", "mem_per_process": "16Gi", "gpu_per_process": 1,
-                                                 "accelerator": "nvidia-h100", "shared_memory": "8Gi"}}))
+    gpus.write_text(
+        yaml.safe_dump(
+            {
+                "training": {
+                    "cpu_per_process": "4",
+                    "mem_per_process": "16Gi",
+                    "gpu_per_process": 1,
+                    "accelerator": "nvidia-h100",
+                    "shared_memory": "8Gi",
+                }
+            }
+        )
+    )
     return {
         "one node": _package(tmp_path_factory.mktemp("one")),
-        "three nodes": _package(tmp_path_factory.mktemp("three"), FLYSCALE_NNODES="3", FLYSCALE_NPROC_PER_NODE="4",
-                                FLYSCALE_RESOURCES=str(gpus)),
+        "three nodes": _package(
+            tmp_path_factory.mktemp("three"),
+            FLYSCALE_NNODES="3",
+            FLYSCALE_NPROC_PER_NODE="4",
+            FLYSCALE_RESOURCES=str(gpus),
+        ),
     }
 
 
 def _tasks(specs: dict[str, object]) -> dict[str, TaskSpec]:
     """The training pipeline's tasks (the scaling study's, in tasks/scaling.py, are its own)."""
-    return {name: spec for name, spec in specs.items() if isinstance(spec, TaskSpec) and not name.startswith("tasks.scaling.")}
+    return {
+        name: spec
+        for name, spec in specs.items()
+        if isinstance(spec, TaskSpec) and not name.startswith("tasks.scaling.")
+    }
 
 
 @pytest.mark.timeout(400)
@@ -93,7 +126,7 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert train.extended_resources.shared_memory.size_limit == "8Gi"
     # The pod's exit code follows the PyTorchJob convention: the wrapper runs flytekit's entrypoint.
     args = list(train.container.args)
-    assert args[:4] == ["python", "-m", "tasks.exit_codes", "pyflyte-execute"], args
+    assert args[:4] == ["python", "-m", "flyscale.cluster.exit_codes", "pyflyte-execute"], args
     # Every other task asks for the file's (here default) small share.
     load = specs["tasks.data.load_data"].template.container.resources
     assert {Resources.ResourceName.Name(r.name): r.value for r in load.requests} == {"CPU": "1", "MEMORY": "2Gi"}
@@ -128,7 +161,7 @@ def test_an_unpinned_image_is_refused_with_the_way_to_pin_it(tmp_path, monkeypat
     out = " ".join((proc.stdout + proc.stderr).split())
     assert "'ghcr.io/acme/flyscale:1.2', which is not pinned by digest" in out, out[-3000:]
     assert "--image <registry>/flyscale@sha256:<digest>" in out and "FLYSCALE_ALLOW_UNPINNED_IMAGE=1" in out
-    from tasks.common import check_pinned
+    from flyscale.cluster.image import check_pinned
 
     monkeypatch.setenv("FLYSCALE_ALLOW_UNPINNED_IMAGE", "1")  # the development clusters' escape hatch
     check_pinned("ghcr.io/acme/flyscale:dev", "tasks.data.load_data")
@@ -142,8 +175,13 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
     changed = {n for n in version["one node"] if version["one node"][n] != version["three nodes"][n]}
     assert changed == {"tasks.train.train_model", "tasks.preflight.preflight_check"}
     cached = {n for n, s in one.items() if s.template.metadata.discoverable}
-    always = {"tasks.data.fingerprint_data", "tasks.data.read_reference", "tasks.evaluate.gate_model", "tasks.register.summarize",
-              "tasks.register.close_failed_run"}  # the failure handler: it only ever closes this execution's run
+    always = {
+        "tasks.data.fingerprint_data",
+        "tasks.data.read_reference",
+        "tasks.evaluate.gate_model",
+        "tasks.register.summarize",
+        "tasks.register.close_failed_run",
+    }  # the failure handler: it only ever closes this execution's run
     assert cached == set(one) - always
 
 
@@ -157,7 +195,7 @@ def test_single_node_training_is_a_plain_pod(packaged):
 def test_multi_node_setting_run_locally_does_not_hang():
     from flytekit import task
 
-    from tasks.elastic import LocalSafeElastic
+    from flyscale.cluster.launchers import LocalSafeElastic
 
     @task(task_config=LocalSafeElastic(nnodes=2, nproc_per_node=2, monitor_interval=1))
     def two_nodes(n: int) -> int:

@@ -5,17 +5,25 @@ from __future__ import annotations
 import base64
 import re
 
-from flyscale.report import learning_curves_html
-from flyscale.training import EpochMetrics, TrainHistory
+from flyscale.render.decks import learning_curves_html
+from flyscale.train.telemetry import EpochMetrics, TrainHistory
 
 
 def _history() -> TrainHistory:
     h = TrainHistory(strategy="ddp", world_size=2, diagnosis="input-bound: raise <num_workers>")
     for e in range(4):
-        h.epochs.append(EpochMetrics(
-            epoch=e, train_loss=2.0 / (e + 1), train_accuracy=0.5 + 0.1 * e, val_loss=2.1 / (e + 1),
-            val_accuracy=0.45 + 0.1 * e, seconds=0.5, samples_per_s=4321.0 + e, data_wait_fraction=0.42,
-        ))
+        h.epochs.append(
+            EpochMetrics(
+                epoch=e,
+                train_loss=2.0 / (e + 1),
+                train_accuracy=0.5 + 0.1 * e,
+                val_loss=2.1 / (e + 1),
+                val_accuracy=0.45 + 0.1 * e,
+                seconds=0.5,
+                samples_per_s=4321.0 + e,
+                data_wait_fraction=0.42,
+            )
+        )
     return h
 
 
@@ -43,10 +51,10 @@ def test_deck_without_epochs_says_so():
 def test_the_evaluation_deck_shows_both_models_latency_and_four_plots(tmp_path):
     import torch
 
-    from flyscale import plots
-    from flyscale.comparison import compare
-    from flyscale.evaluation import evaluate
-    from flyscale.report import evaluation_html
+    from flyscale.evaluate.comparison import compare
+    from flyscale.evaluate.metrics import evaluate
+    from flyscale.render import plots
+    from flyscale.render.decks import evaluation_html
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))

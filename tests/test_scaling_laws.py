@@ -10,23 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from flyscale import registry
 from flyscale.config import ModelConfig
-from flyscale.scaling import (
-    MIN_FIT_POINTS,
-    ScalingConfig,
-    ScalingPoint,
-    StudyConfig,
-    StudySummary,
-    analyse,
-    find_knee,
-    fit_power_law,
-    nested_subset,
-    plan,
-    point_model,
-    throughput,
-    worker_advice,
-)
+from flyscale.plugin import registry
+from flyscale.scaling.advice import StudySummary, analyse, find_knee, worker_advice
+from flyscale.scaling.config import ScalingConfig, StudyConfig, point_model
+from flyscale.scaling.laws import MIN_FIT_POINTS, fit_power_law
+from flyscale.scaling.plan import ScalingPoint, nested_subset, plan, throughput
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
 
@@ -48,8 +37,18 @@ def point(axis: str, size: int, val_error: float, train_error: float | None = No
     given, its train error is 0.01 under its val error (no over-fitting to speak of)."""
     rows, params = (size, 100_000) if axis == "data" else (5000, size)
     train_error = val_error - 0.01 if train_error is None else train_error
-    fields = dict(key=f"{axis}{size}", axes=[axis], data_fraction=1.0, width_multiplier=1.0, depth_multiplier=1.0,
-                  workers=1, train_rows=rows, parameters=params, val_error=val_error, train_error=train_error)
+    fields = dict(
+        key=f"{axis}{size}",
+        axes=[axis],
+        data_fraction=1.0,
+        width_multiplier=1.0,
+        depth_multiplier=1.0,
+        workers=1,
+        train_rows=rows,
+        parameters=params,
+        val_error=val_error,
+        train_error=train_error,
+    )
     return ScalingPoint(**{**fields, **kw})
 
 
@@ -306,14 +305,21 @@ def test_an_efficiency_whose_epochs_straddle_the_threshold_says_so():
 
 
 def test_the_plan_sweeps_one_axis_at_a_time_around_the_base_point():
-    cfg = ScalingConfig(data_fractions=[0.25, 0.5], width_multipliers=[0.5, 2.0], depth_multipliers=[2.0],
-                        workers=[2], base_workers=1)
+    cfg = ScalingConfig(
+        data_fractions=[0.25, 0.5], width_multipliers=[0.5, 2.0], depth_multipliers=[2.0], workers=[2], base_workers=1
+    )
     points = {p.key: p for p in plan(cfg)}
     base = "data1-width1-depth1-workers1"
     assert points[base].axes == ["data", "model", "workers"]  # on every axis, listed or not
-    assert set(points) == {base, "data0.25-width1-depth1-workers1", "data0.5-width1-depth1-workers1",
-                           "data1-width0.5-depth1-workers1", "data1-width2-depth1-workers1",
-                           "data1-width1-depth2-workers1", "data1-width1-depth1-workers2"}
+    assert set(points) == {
+        base,
+        "data0.25-width1-depth1-workers1",
+        "data0.5-width1-depth1-workers1",
+        "data1-width0.5-depth1-workers1",
+        "data1-width2-depth1-workers1",
+        "data1-width1-depth2-workers1",
+        "data1-width1-depth1-workers2",
+    }
     assert points["data1-width1-depth1-workers2"].axes == ["workers"]
     only_workers = plan(ScalingConfig(data_fractions=[], width_multipliers=[], workers=[1, 2]))
     assert [(p.workers, p.axes) for p in only_workers] == [(1, ["workers"]), (2, ["workers"])]
@@ -338,17 +344,23 @@ def test_a_rare_class_keeps_a_row():
 # --- config ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"data_fractions": [0.5, 1.5]}, "scaling.data_fractions must each be in (0, 1]"),
-    ({"data_fractions": [0.5, 0.5]}, "scaling.data_fractions lists a value twice"),
-    ({"width_multipliers": [0.0]}, "scaling.width_multipliers must each be > 0"),
-    ({"workers": [0, 1]}, "scaling.workers, scaling.base_workers and scaling.threads_per_worker must be >= 1"),
-    ({"threads_per_worker": 0}, "scaling.workers, scaling.base_workers and scaling.threads_per_worker must be >= 1"),
-    ({"data_fractions": [], "width_multipliers": [], "workers": []}, "scaling: nothing to sweep"),
-    ({"tolerance": 2.0}, "scaling.tolerance must be in [0.0, 1.0]"),
-    ({"min_efficiency": 0.0}, "scaling.min_efficiency must be in [0.01, 1.0]"),
-    ({"worker": [1]}, "scaling.worker: unknown field; did you mean 'workers'?"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"data_fractions": [0.5, 1.5]}, "scaling.data_fractions must each be in (0, 1]"),
+        ({"data_fractions": [0.5, 0.5]}, "scaling.data_fractions lists a value twice"),
+        ({"width_multipliers": [0.0]}, "scaling.width_multipliers must each be > 0"),
+        ({"workers": [0, 1]}, "scaling.workers, scaling.base_workers and scaling.threads_per_worker must be >= 1"),
+        (
+            {"threads_per_worker": 0},
+            "scaling.workers, scaling.base_workers and scaling.threads_per_worker must be >= 1",
+        ),
+        ({"data_fractions": [], "width_multipliers": [], "workers": []}, "scaling: nothing to sweep"),
+        ({"tolerance": 2.0}, "scaling.tolerance must be in [0.0, 1.0]"),
+        ({"min_efficiency": 0.0}, "scaling.min_efficiency must be in [0.01, 1.0]"),
+        ({"worker": [1]}, "scaling.worker: unknown field; did you mean 'workers'?"),
+    ],
+)
 def test_bad_scaling_config_names_the_field(kwargs, message):
     with pytest.raises(ValueError) as exc:
         ScalingConfig(**kwargs)
@@ -376,8 +388,9 @@ class _Fixed:
 def test_sweeping_a_model_without_the_option_is_refused_before_any_work():
     registry.models.register("fixed_size", _Fixed())
     try:
-        with pytest.raises(ValueError, match="scaling.width_multipliers: model 'fixed_size' declares no "
-                                             "width_multiplier option"):
+        with pytest.raises(
+            ValueError, match="scaling.width_multipliers: model 'fixed_size' declares no width_multiplier option"
+        ):
             StudyConfig(model=ModelConfig(name="fixed_size"))
         StudyConfig(model=ModelConfig(name="fixed_size"), scaling=ScalingConfig(width_multipliers=[]))  # no model axis
     finally:
@@ -385,14 +398,19 @@ def test_sweeping_a_model_without_the_option_is_refused_before_any_work():
 
 
 def test_a_multiplier_that_empties_a_layer_is_refused_naming_the_sweep():
-    with pytest.raises(ValueError, match=r"scaling.width_multipliers: multiplier 0.001 gives an unusable model: "
-                                         r"model.options: width_multiplier 0.001 leaves a layer"):
+    with pytest.raises(
+        ValueError,
+        match=r"scaling.width_multipliers: multiplier 0.001 gives an unusable model: "
+        r"model.options: width_multiplier 0.001 leaves a layer",
+    ):
         StudyConfig(scaling=ScalingConfig(width_multipliers=[0.001]))
 
 
 def test_point_models_multiply_the_base_models_own_multiplier():
     base = ModelConfig(name="mlp", options={"hidden": [64, 32], "width_multiplier": 2.0})
-    assert point_model(base, "width_multiplier", 0.5).options == {"hidden": [64, 32], "width_multiplier": 1.0}
+    halved = point_model(base, "width_multiplier", 0.5)
+    assert halved.plugin.options.width_multiplier == 1.0
+    assert halved.options == {"hidden": [64, 32]}  # canonical: 1.0 is the default, so it is not spelled out
     assert point_model(base, "depth_multiplier", 2.0).plugin.options.layers() == [128, 128, 64, 64]
 
 
@@ -422,14 +440,17 @@ def test_cnn_multipliers_scale_channels_hidden_and_convolutions():
     assert [m.out_channels for m in model if hasattr(m, "out_channels")] == [8, 16]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"width_multiplier": 0}, "width_multiplier must be a number > 0"),
-    ({"depth_multiplier": -1.0}, "depth_multiplier must be a number > 0"),
-    ({"width_multiplier": "wide"}, "width_multiplier must be a number > 0"),
-    ({"depth_multiplier": 0.2}, "depth_multiplier 0.2 leaves none of the 2 layers"),
-    ({"width_multiplier": 0.001}, "use a multiplier of at least"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"width_multiplier": 0}, "width_multiplier must be a number > 0"),
+        ({"depth_multiplier": -1.0}, "depth_multiplier must be a number > 0"),
+        ({"width_multiplier": "wide"}, "model.options.width_multiplier: expected a number, got 'wide'"),
+        ({"depth_multiplier": 0.2}, "depth_multiplier 0.2 leaves none of the 2 layers"),
+        ({"width_multiplier": 0.001}, "use a multiplier of at least"),
+    ],
+)
 def test_bad_multipliers_are_refused_with_what_to_do(options, message):
     with pytest.raises(ValueError) as exc:
         ModelConfig(name="mlp", options=options)
-    assert message in str(exc.value) and str(exc.value).startswith("model.options: ")
+    assert message in str(exc.value) and str(exc.value).startswith("model.options")

@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from flyscale import shards
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext, set_epoch
-from flyscale.streaming import Stream, StreamingShards
-from flyscale.training import TrainData
+from flyscale.data import shards
+from flyscale.data.streaming import Stream, StreamingShards
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import DistContext, set_epoch
 from tests.distributed_helpers import run_on_ranks
 
 FEATURES = ["a", "b"]
@@ -21,19 +21,21 @@ FEATURES = ["a", "b"]
 
 def _split(tmp_path, rows: int = 1000, row_group_rows: int = 64) -> list[shards.Unit]:
     """Rows whose feature `a` is their id (so a batch says which rows it holds), in small row groups."""
-    frame = pd.DataFrame({"a": np.arange(rows, dtype="float32"), "b": np.zeros(rows, "float32"),
-                          "label": np.arange(rows) % 3})
+    frame = pd.DataFrame(
+        {"a": np.arange(rows, dtype="float32"), "b": np.zeros(rows, "float32"), "label": np.arange(rows) % 3}
+    )
     writer = shards.ShardWriter("test", rows_per_file=300, row_group_rows=row_group_rows)
     writer.root = tmp_path
     for start in range(0, rows, 97):  # arriving in odd-sized pieces
-        writer.write(frame.iloc[start:start + 97])
+        writer.write(frame.iloc[start : start + 97])
     writer.close()
     return shards.units(str(tmp_path))
 
 
 def _epoch(units, rank, world, workers, epoch=0, batch=16, seed=3) -> list[np.ndarray]:
-    stream = StreamingShards(units, FEATURES, "label", batch, rank=rank, world=world, workers=workers, seed=seed,
-                             buffer_rows=100)
+    stream = StreamingShards(
+        units, FEATURES, "label", batch, rank=rank, world=world, workers=workers, seed=seed, buffer_rows=100
+    )
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
     set_epoch(loader, epoch)
     got = [xb[:, 0].numpy().astype(int) for xb, _ in loader]
@@ -84,14 +86,19 @@ def test_persistent_workers_still_reshuffle_each_epoch(tmp_path):
 
 
 def _train_streamed(root: str) -> dict:
-    from flyscale.distributed import process_group
+    from flyscale.train.distributed import process_group
     from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
     units = shards.units(root)
-    data = TrainData(torch.zeros(0, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, 2),
-                     torch.zeros(0, dtype=torch.long), stream=Stream(units, units, ["a", "b"], buffer_rows=128))
+    data = TrainData(
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, 2),
+        torch.zeros(0, dtype=torch.long),
+        stream=Stream(units, units, ["a", "b"], buffer_rows=128),
+    )
     cfg = TrainConfig(epochs=3, batch_size=32, lr=0.01, num_workers=2)
     with process_group(timeout_s=60) as ctx:
         history = ddp(model, data, cfg, ctx, DDPOptions()).history
@@ -122,7 +129,9 @@ def test_an_in_memory_split_is_one_shard_read_back_whole(tmp_path):
 
 def test_the_context_decides_rank_and_world(tmp_path):
     units = _split(tmp_path)
-    data = TrainData(torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES))
+    data = TrainData(
+        torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES)
+    )
     loader = data.train_loader(TrainConfig(batch_size=16), DistContext(rank=1, world_size=2))
     assert loader.dataset.rank == 1 and loader.dataset.world == 2
     same = data.train_loader(TrainConfig(batch_size=16), DistContext(rank=1, world_size=2), shard=False)
@@ -133,9 +142,10 @@ def test_the_context_decides_rank_and_world(tmp_path):
 
 
 def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(tmp_path):
-    from flyscale import data, stream_prep, validation
     from flyscale.config import DataConfig
-    from flyscale.validation import Reference
+    from flyscale.data import source as data
+    from flyscale.data import stream_prep, validation
+    from flyscale.data.reference import Reference
 
     rng = np.random.default_rng(0)
     first_row = None  # of the first file, once written
@@ -168,14 +178,20 @@ def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(
     assert prepared.profile.rows == report.valid_rows and set(prepared.profile.features) == {"f0", "f1", "f2"}
     # Split by where each row came from: the same data always splits the same way.
     again = stream_prep.prepare(r.plugin.chunks(r.options, rows=300), stream_cfg, info, Reference())
-    assert (again.train.rows, again.val.rows, again.test.rows) == (prepared.train.rows, prepared.val.rows, prepared.test.rows)
+    assert (again.train.rows, again.val.rows, again.test.rows) == (
+        prepared.train.rows,
+        prepared.val.rows,
+        prepared.test.rows,
+    )
 
 
 def test_validation_batches_hold_every_streamed_row_in_order(tmp_path):
     """What the pipeline strategy's stages validate on (each rank all of it, the same): every
     row of the validation shards once, in order, in batches of at most the size asked for."""
     units = _split(tmp_path)
-    data = TrainData(torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES))
+    data = TrainData(
+        torch.zeros(0), torch.zeros(0), torch.zeros(0), torch.zeros(0), stream=Stream(units, units, FEATURES)
+    )
     batches = list(data.val_batches(batch_size=50))
     assert all(len(xb) == len(yb) <= 50 for xb, yb in batches)
     rows = torch.cat([xb[:, 0] for xb, _ in batches]).long()

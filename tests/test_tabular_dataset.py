@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flyscale import data, validation
 from flyscale.config import DataConfig
+from flyscale.data import source as data
+from flyscale.data import validation
 from flyscale_plugins.tabular import TabularOptions, parquet
 
 pytestmark = pytest.mark.timeout(180)
@@ -161,7 +162,11 @@ def test_unreadable_and_truncated_files_are_named(place, fmt):
         data.load(_cfg(root, fmt, True))
     text = str(err.value)
     assert f"{root}/b.{fmt}" in text
-    assert ("not a readable Parquet file" in text) if fmt == "parquet" else ("not readable as CSV" in text or "has" in text)
+    assert (
+        ("not a readable Parquet file" in text)
+        if fmt == "parquet"
+        else ("not readable as CSV" in text or "has" in text)
+    )
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
@@ -196,12 +201,17 @@ def test_local_and_s3_give_the_same_frame_and_info(s3, tmp_path):
     remote, remote_info = data.load(_cfg(f"s3://{bucket}/data/shards", "parquet", False))
     data_columns = [*FEATURES, "label", "_source_row"]
     pd.testing.assert_frame_equal(local[data_columns], remote[data_columns], check_exact=True)
-    assert (local_info.feature_columns, local_info.num_classes) == (remote_info.feature_columns, remote_info.num_classes)
+    assert (local_info.feature_columns, local_info.num_classes) == (
+        remote_info.feature_columns,
+        remote_info.num_classes,
+    )
 
 
 def test_s3_errors_name_the_path_and_what_to_do(s3):
     client, bucket = s3
-    with pytest.raises(ValueError, match=r"s3://no-such-bucket-here/x.*the bucket .no-such-bucket-here. does not exist"):
+    with pytest.raises(
+        ValueError, match=r"s3://no-such-bucket-here/x.*the bucket .no-such-bucket-here. does not exist"
+    ):
         data.load(_cfg("s3://no-such-bucket-here/x", "parquet", True))
     client.put_object(Bucket=bucket, Key="empty/readme.txt", Body=b"hi")
     with pytest.raises(ValueError, match=rf"'s3://{bucket}/empty' holds no \.parquet or \.pq files"):
@@ -216,8 +226,12 @@ def test_wrong_credentials_are_an_access_error(tmp_path, monkeypatch):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")  # moto's switch: authenticate every request
-    with serve([sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"], f"{url}/moto-api/",
-               tmp_path / "moto.log", timeout=60):
+    with serve(
+        [sys.executable, "-m", "moto.server", "-p", str(port), "-H", "127.0.0.1"],
+        f"{url}/moto-api/",
+        tmp_path / "moto.log",
+        timeout=60,
+    ):
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
@@ -272,15 +286,25 @@ def test_fingerprint_sees_new_bytes_under_the_same_prefix(s3):
         ({"path": "x", "features": ["a"], "ignore": ["a"]}, r"data\.options\.ignore names a feature"),
     ],
 )
-def test_bad_options_fail_at_config_time(options, message):  # noqa: D103
+def test_bad_options_fail_at_config_time(options, message):
     with pytest.raises(ValueError, match=message):
         DataConfig(dataset="parquet", options=options)
 
 
 def test_declared_features_choose_order_and_shape(tmp_path):
     _frame(1).to_parquet(tmp_path / "a.parquet", index=False)
-    frame, info = data.load(_cfg(str(tmp_path), "parquet", True, features=["f2", "f0"], ignore=["f1"],
-                                 input_shape=[1, 2], num_classes=5, ranges={}))
+    frame, info = data.load(
+        _cfg(
+            str(tmp_path),
+            "parquet",
+            True,
+            features=["f2", "f0"],
+            ignore=["f1"],
+            input_shape=[1, 2],
+            num_classes=5,
+            ranges={},
+        )
+    )
     assert list(frame.columns)[:3] == ["f2", "f0", "label"]
     assert (info.num_classes, info.input_shape, info.feature_columns, info.inferred) == (5, [1, 2], ["f2", "f0"], [])
 

@@ -41,9 +41,21 @@ def site(tmp_path_factory) -> Path:
         for example in EXAMPLES
     ]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
-         "--target", str(root / "site"), *map(str, srcs)],
-        capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(root / "site"),
+            *map(str, srcs),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, f"pip install failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return root / "site"
@@ -109,22 +121,52 @@ CASES = [
     ("gate", "acme_max_loss", "{'max_loss': 0.3}", ["valid"]),
     ("gate", "acme_max_loss", "{'max_loss': 0}", ["gate.options: max_loss must be > 0, got 0"]),
     # A plugin of the wrong shape is refused when the config is built, naming what it lacks.
-    ("model", "acme_no_build", "{}", [
-        "model.name: model plugin 'acme_no_build' from package 'acme-flyscale-example' "
-        "(acme_flyscale.models:NoBuild) does not fit the models contract: it has no method build(options, info)",
-    ]),
+    (
+        "model",
+        "acme_no_build",
+        "{}",
+        [
+            "model.name: model plugin 'acme_no_build' from package 'acme-flyscale-example' "
+            "(acme_flyscale.models:NoBuild) does not fit the models contract: it has no method build(options, info)",
+        ],
+    ),
     # A broken plugin: named, with its package, its error, and what else there is.
-    ("model", "acme_broken", "{}", [
-        "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
-        "acme-cuda-kernels", "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
-    ]),
-    ("model", "resnet9000", "{}", [
-        "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
-    ]),
-    ("gate", "f1", "{}", ["gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric, quantization"]),
+    (
+        "model",
+        "acme_broken",
+        "{}",
+        [
+            "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
+            "acme-cuda-kernels",
+            "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
+        ],
+    ),
+    (
+        "model",
+        "resnet9000",
+        "{}",
+        [
+            "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, "
+            "acme_tiny_mlp, cnn, mlp",
+        ],
+    ),
+    (
+        "gate",
+        "f1",
+        "{}",
+        [
+            "gate.name: unknown gate 'f1'; available: acme_max_loss, acme_min_f1, beats_champion, min_metric, "
+            "quantization"
+        ],
+    ),
     # The plugin's own options dataclass validates its section, field by field.
     ("model", "acme_tiny_mlp", "{'width': 0}", ["model.options: width must be > 0, got 0"]),
-    ("model", "acme_tiny_mlp", "{'depth': 3}", ["model.options.depth: unknown option; did you mean 'width'? expected one of width"]),
+    (
+        "model",
+        "acme_tiny_mlp",
+        "{'depth': 3}",
+        ["model.options.depth: unknown option; did you mean 'width'? expected one of width"],
+    ),
     ("gate", "acme_min_f1", "{'threshold': 1.5}", ["gate.options: threshold must be in [0, 1], got 1.5"]),
 ]
 
@@ -157,13 +199,17 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
     """THE end-to-end: a YAML preset picks Acme's tabular dataset, model and gate, none of which
     imports flyscale or returns flyscale's types; pyflyte runs every stage."""
     preset = tmp_path / "acme.yaml"
-    preset.write_text(yaml.safe_dump({
-        "data": {"dataset": "acme_wine"},  # no augment section: the dataset declares no augmentations
-        "model": {"name": "acme_tiny_mlp", "options": {"width": 32}},
-        "gate": {"name": "acme_min_f1", "options": {"threshold": 0.9}},
-        "train": {"epochs": 20, "batch_size": 16},
-        "mlflow": {"experiment": "acme", "model_name": "acme-wine"},
-    }))
+    preset.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"dataset": "acme_wine"},  # no augment section: the dataset declares no augmentations
+                "model": {"name": "acme_tiny_mlp", "options": {"width": 32}},
+                "gate": {"name": "acme_min_f1", "options": {"threshold": 0.9}},
+                "train": {"epochs": 20, "batch_size": 16},
+                "mlflow": {"experiment": "acme", "model_name": "acme-wine"},
+            }
+        )
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": _env(site)["PYTHONPATH"]}
     home = tmp_path / "home"  # isolated flytekit local cache
@@ -213,12 +259,12 @@ def test_plugin_of_the_wrong_shape_is_refused_before_any_task_starts(site, tmp_p
 
 
 TYPED_USE = """
-from flyscale import registry
+from flyscale.plugin import registry
 from flyscale.api import DatasetInfo, GateVerdict
-from flyscale.artifacts import build_model
-from flyscale.champion import ChampionRef
+from flyscale.model import build_model
+from flyscale.tracking.champion import ChampionRef
 from flyscale.config import GateConfig, ModelConfig
-from flyscale.gating import judge
+from flyscale.evaluate.gating import judge
 
 cfg = GateConfig(name="acme_max_loss", options={"max_loss": 0.3})
 verdict = judge(cfg, {"loss": 0.25, "accuracy": 0.9}, ChampionRef("m", "champion")).verdict

@@ -10,15 +10,16 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext, set_epoch
-from flyscale.step import (
+from flyscale.train.batches import TensorBatches, TrainData, make_loader
+from flyscale.train.distributed import DistContext, set_epoch
+from flyscale.train.loop import fit
+from flyscale.train.step import (
     effective_lr,
     enable_activation_checkpointing,
     make_optimizer,
     make_scheduler,
     standard_step,
 )
-from flyscale.training import TensorBatches, TrainData, fit, make_loader
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -45,13 +46,21 @@ def _steps(cfg: TrainConfig, model, steps=3):
     return model.state_dict()
 
 
-@pytest.mark.parametrize("rows,world,drop_last", [
-    (37, 1, False), (37, 1, True),  # one process: RandomSampler
-    (37, 2, False), (37, 3, True),  # ranks: DistributedSampler, padded or cut
-    (3, 8, False),  # fewer rows than ranks: the padding repeats the order more than once
-    (203, 1, False), (203, 2, True),  # more batches than one gather holds (GATHER_BYTES, set small below)
-])
-def test_sliced_batches_are_the_dataloaders_batches_in_its_order_on_every_rank_and_epoch(rows, world, drop_last, monkeypatch):
+@pytest.mark.parametrize(
+    "rows,world,drop_last",
+    [
+        (37, 1, False),
+        (37, 1, True),  # one process: RandomSampler
+        (37, 2, False),
+        (37, 3, True),  # ranks: DistributedSampler, padded or cut
+        (3, 8, False),  # fewer rows than ranks: the padding repeats the order more than once
+        (203, 1, False),
+        (203, 2, True),  # more batches than one gather holds (GATHER_BYTES, set small below)
+    ],
+)
+def test_sliced_batches_are_the_dataloaders_batches_in_its_order_on_every_rank_and_epoch(
+    rows, world, drop_last, monkeypatch
+):
     # The in-memory path slices its batches with the order drawn by distributed.sampler_order
     # instead of iterating the sampler; the batches (and so the trained weights) must stay the
     # DataLoader's, including a DistributedSampler's padding, and the draws after an epoch too.
@@ -61,8 +70,12 @@ def test_sliced_batches_are_the_dataloaders_batches_in_its_order_on_every_rank_a
     for rank in range(world):
         ctx = DistContext(rank=rank, world_size=world)
         ours = TensorBatches(x, y, ctx.train_sampler(TensorDataset(x, y), seed=5), 4, drop_last)
-        theirs = DataLoader(TensorDataset(x, y), batch_size=4, drop_last=drop_last,
-                            sampler=ctx.train_sampler(TensorDataset(x, y), seed=5))
+        theirs = DataLoader(
+            TensorDataset(x, y),
+            batch_size=4,
+            drop_last=drop_last,
+            sampler=ctx.train_sampler(TensorDataset(x, y), seed=5),
+        )
         assert len(ours) == len(theirs)
         for epoch in (0, 1):
             set_epoch(ours, epoch)
@@ -134,7 +147,7 @@ def test_activation_checkpointing_recomputes_and_gives_identical_gradients():
             enable_activation_checkpointing(model)
         calls = []
         for layer in model:
-            layer.register_forward_hook(lambda *_: calls.append(1))
+            layer.register_forward_hook(lambda *_, calls=calls: calls.append(1))
         F.cross_entropy(model.train()(x), y).backward()
         forwards.append(len(calls))
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
@@ -163,8 +176,11 @@ def test_linear_lr_scaling_and_warmup():
     assert all(a < b for a, b in zip(lrs[:9], lrs[1:10]))
 
 
-@pytest.mark.parametrize("general", [TrainConfig(track_train_accuracy=True), TrainConfig(grad_clip_norm=1e9)],
-                         ids=["tracking accuracy", "clipping at a norm never reached"])
+@pytest.mark.parametrize(
+    "general",
+    [TrainConfig(track_train_accuracy=True), TrainConfig(grad_clip_norm=1e9)],
+    ids=["tracking accuracy", "clipping at a norm never reached"],
+)
 def test_the_default_step_does_the_general_steps_arithmetic(general):
     # standard_step builds a lean step for the default config (fp32, no accumulation, clipping,
     # schedule or accuracy); switching on something that changes no number takes the general
@@ -210,7 +226,9 @@ def test_input_bound_run_is_diagnosed_with_the_knob_to_turn():
     model = _mlp()
     opt = make_optimizer(model, cfg)
     loader = make_loader(SlowDigits(x, y, 0.005), None, cfg, DistContext())
-    history = fit(model, standard_step(model, opt, cfg, CPU), loader, lambda: (0.0, 0.0, 1.0), cfg, DistContext(), "ddp")
+    history = fit(
+        model, standard_step(model, opt, cfg, CPU), loader, lambda: (0.0, 0.0, 1.0), cfg, DistContext(), "ddp"
+    )
     m = history.epochs[0]
     assert m.data_wait_fraction > 0.5
     assert "train.num_workers" in history.diagnosis
@@ -232,7 +250,7 @@ class Hungry(torch.nn.Module):
 
 
 def _peak_before_and_after_training() -> tuple[float, float]:
-    from flyscale.training import peak_memory_mb
+    from flyscale.train.telemetry import peak_memory_mb
 
     x, y = _batch(64)
     cfg = TrainConfig(epochs=1, batch_size=32)
@@ -258,13 +276,25 @@ def test_a_diverging_loss_stops_training_naming_the_epoch_step_and_knobs():
     x[40] = float("nan")  # one poisoned row: its batch's loss is NaN
     cfg = TrainConfig(epochs=3, batch_size=16, lr=0.5)
     model = _mlp()
-    loader = make_loader(torch.utils.data.TensorDataset(x, y), None, cfg, DistContext())  # in order: row 40 is in step 3
-    from flyscale.training import TrainingDiverged
+    loader = make_loader(
+        torch.utils.data.TensorDataset(x, y), None, cfg, DistContext()
+    )  # in order: row 40 is in step 3
+    from flyscale.train.loop import TrainingDiverged
 
-    with pytest.raises(TrainingDiverged, match=r"diverged in epoch 1, at step 3 of 4 on rank 0.*lower train.lr \(now 0.5\)"
-                                               r".*train.grad_clip_norm"):
-        fit(model, standard_step(model, make_optimizer(model, cfg), cfg, CPU), loader, lambda: (0.0, 0.0, 1.0), cfg,
-            DistContext(), "ddp")
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"diverged in epoch 1, at step 3 of 4 on rank 0.*lower train.lr \(now 0.5\)"
+        r".*train.grad_clip_norm",
+    ):
+        fit(
+            model,
+            standard_step(model, make_optimizer(model, cfg), cfg, CPU),
+            loader,
+            lambda: (0.0, 0.0, 1.0),
+            cfg,
+            DistContext(),
+            "ddp",
+        )
 
 
 def test_ddp_strategy_reports_throughput_and_fractions():
@@ -273,8 +303,13 @@ def test_ddp_strategy_reports_throughput_and_fractions():
     cfg = TrainConfig(epochs=2, batch_size=32, grad_accum_steps=2, warmup_epochs=0.5)
     result = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), cfg, DistContext(), DDPOptions())
     assert all(m.train_accuracy is None for m in result.history.epochs)  # not measured by default
-    tracked = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), TrainConfig(epochs=1, batch_size=32, track_train_accuracy=True),
-                  DistContext(), DDPOptions())
+    tracked = ddp(
+        _mlp(),
+        TrainData(x, y, x[:32], y[:32]),
+        TrainConfig(epochs=1, batch_size=32, track_train_accuracy=True),
+        DistContext(),
+        DDPOptions(),
+    )
     assert 0.0 <= tracked.history.epochs[0].train_accuracy <= 1.0
     for m in result.history.epochs:
         assert m.samples_per_s > 0

@@ -10,15 +10,30 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flyscale import data, validation, validation_report
 from flyscale.config import DataConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.validation import PinnedSchema, Reference
+from flyscale.data import source as data
+from flyscale.data import validation
+from flyscale.data.drift import profile, psi
+from flyscale.data.reference import (
+    PinnedSchema,
+    Reference,
+    load_reference,
+    reference_json,
+)
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.render import validation_report
+from flyscale.tracking.reference import read_reference
 
 
 def _info(features=("a", "b"), classes=3, inferred=("features", "num_classes")) -> DatasetInfo:
-    return DatasetInfo("t", classes, [len(features)], list(features), feature_dtypes={f: "double" for f in features},
-                       inferred=list(inferred))
+    return DatasetInfo(
+        "t",
+        classes,
+        [len(features)],
+        list(features),
+        feature_dtypes={f: "double" for f in features},
+        inferred=list(inferred),
+    )
 
 
 def _frame(n=300, seed=0, shift=0.0, features=("a", "b")) -> pd.DataFrame:
@@ -40,7 +55,7 @@ class Frames:
 
 @pytest.fixture(autouse=True)
 def frames_dataset():
-    from flyscale import registry
+    from flyscale.plugin import registry
 
     registry.datasets.register("t_frames", Frames())
     yield
@@ -52,8 +67,8 @@ def _cfg(**kw) -> DataConfig:
 
 
 def _reference(frame: pd.DataFrame, info: DatasetInfo) -> Reference:
-    text = validation.reference_json(info, validation.profile(frame, info))
-    return validation.load_reference(text, "v7")
+    text = reference_json(info, profile(frame, info))
+    return load_reference(text, "v7")
 
 
 def test_a_batch_whose_inferred_columns_differ_from_the_pinned_ones_is_rejected_naming_them():
@@ -92,13 +107,15 @@ def test_drift_is_measured_against_the_reference_and_gated_when_configured():
     assert set(same.drift) == {"a", "b", "label"} and same.reference == "v7"
     assert max(same.drift.values()) < 0.1 < 1.0 < moved.drift["a"]  # stable vs a significant shift
     assert moved.drift["label"] == pytest.approx(0.0, abs=1e-6)  # the labels did not move
-    with pytest.raises(ValueError, match=r"drifted from v7: PSI above data.max_drift_psi=0.25 for 2 of 3 columns \([ab] \d"):
+    with pytest.raises(
+        ValueError, match=r"drifted from v7: PSI above data.max_drift_psi=0.25 for 2 of 3 columns \([ab] \d"
+    ):
         validation.validate(_frame(3000, seed=2, shift=1.5), _cfg(max_drift_psi=0.25), info, ref)
 
 
 def test_psi_is_zero_for_the_same_histogram_and_grows_with_the_shift():
-    assert validation.psi([10, 20, 30], [10, 20, 30]) == 0.0
-    assert 0 < validation.psi([10, 20, 30], [12, 20, 28]) < validation.psi([10, 20, 30], [30, 20, 10])
+    assert psi([10, 20, 30], [10, 20, 30]) == 0.0
+    assert 0 < psi([10, 20, 30], [12, 20, 28]) < psi([10, 20, 30], [30, 20, 10])
 
 
 def test_the_ceiling_gives_counts_and_the_commonest_reasons():
@@ -129,7 +146,7 @@ def test_the_report_page_shows_checks_examples_drift_and_distributions(tmp_path)
     frame = _frame(seed=2, shift=0.5)
     frame.loc[3, "a"] = np.nan
     clean, quarantined, report, info = validation.validate(frame, _cfg(), info, ref)
-    out = validation_report.write(report, quarantined, clean, info, validation.profile(clean, info), ref)
+    out = validation_report.write(report, quarantined, clean, info, profile(clean, info), ref)
     page = open(f"{out}/validation.html").read()
     assert "300 rows: 299 valid, 1 quarantined" in page and "against v7" in page
     assert "a: not_nullable" in page and "Examples" in page and "Drift (PSI" in page
@@ -139,20 +156,19 @@ def test_the_report_page_shows_checks_examples_drift_and_distributions(tmp_path)
 
 
 def test_a_reference_file_is_read_and_a_bad_one_is_named(tmp_path):
-    from flyscale import tracking
     from flyscale.config import MlflowConfig
 
     info = _info()
     path = tmp_path / "ref.json"
-    path.write_text(validation.reference_json(info, validation.profile(_frame(), info)))
-    ref = tracking.read_reference(MlflowConfig(), str(path), "sha")
+    path.write_text(reference_json(info, profile(_frame(), info)))
+    ref = read_reference(MlflowConfig(), str(path), "sha")
     assert ref.source == str(path) and ref.schema == PinnedSchema(["a", "b"], {"a": "double", "b": "double"}, 3)
     assert json.loads(path.read_text())["profile"]["rows"] == 300
     path.write_text("{}")
-    ref = tracking.read_reference(MlflowConfig(), str(path), "sha")
+    ref = read_reference(MlflowConfig(), str(path), "sha")
     assert ref.schema is None and ref.profile is None
     path.write_text("not json")
     with pytest.raises(ValueError, match=r"ref.json is not a flyscale reference"):
-        tracking.read_reference(MlflowConfig(), str(path), "sha")
+        read_reference(MlflowConfig(), str(path), "sha")
     with pytest.raises(ValueError, match=r"data.reference '.*nope.json' does not exist"):
-        tracking.read_reference(MlflowConfig(), str(tmp_path / "nope.json"), "sha")
+        read_reference(MlflowConfig(), str(tmp_path / "nope.json"), "sha")

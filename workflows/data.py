@@ -5,30 +5,35 @@
 - `streamed_data`: for data larger than memory, one task validates it chunk by chunk and splits
   it as it streams by.
 
-Both end in the same outputs: the three splits as Parquet shards, the quarantine, the report,
-the info as validation held it to the reference, the data's profile and fingerprint, and the
-stamps of the cached tasks that ran.
+Both end in the same outputs: the three splits as Parquet shards, what validation found
+(tasks/records.py ValidatedData), and the stamps of the cached tasks that ran.
 """
 
 from typing import NamedTuple
 
 from flytekit import workflow
-from flytekit.types.directory import FlyteDirectory
 
 from flyscale.config import PipelineConfig
-from flyscale.contracts import DatasetInfo
-from flyscale.data import DataFingerprint
-from flyscale.provenance import TaskRun
-from flyscale.shards import Shards
-from flyscale.validation import Profile, ValidationReport
-from tasks.data import augment_data, load_data, prepare_stream, read_reference, split_data, validate_data
-
-Prepared = NamedTuple(
-    "Prepared",
-    [("train", Shards), ("val", Shards), ("test", Shards), ("quarantined", Shards), ("report", ValidationReport),
-     ("info", DatasetInfo), ("profile", Profile), ("report_files", FlyteDirectory), ("content", DataFingerprint),
-     ("runs", list[TaskRun])],
+from flyscale.data.shards import Shards
+from flyscale.data.source import DataFingerprint
+from flyscale.flyte.provenance import TaskRun
+from tasks.data import (
+    augment_data,
+    load_data,
+    prepare_stream,
+    read_reference,
+    split_data,
+    validate_data,
 )
+from tasks.records import ValidatedData
+
+
+class Prepared(NamedTuple):
+    train: Shards
+    val: Shards
+    test: Shards
+    validated: ValidatedData
+    runs: list[TaskRun]
 
 
 @workflow
@@ -36,16 +41,13 @@ def in_memory_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepare
     """load -> reference -> validate -> split -> augment(train)."""
     raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
-    # `info` as validation held it to the reference (pinned classes); every later stage uses it.
-    clean, quarantined, report, info, profile, report_files, validate_ran = validate_data(
-        raw=raw, info=loaded_info, cfg=cfg.data, reference=reference
+    # `validated.info` is the info as validation held it to the reference (pinned classes); every later stage uses it.
+    clean, validated, validate_ran = validate_data(
+        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference
     )
     train, val, test, split_ran = split_data(clean=clean, cfg=cfg.data)
-    augmented, augment_ran = augment_data(train=train, info=info, cfg=cfg.augment)
-    return Prepared(
-        augmented, val, test, quarantined, report, info, profile, report_files, content,
-        [load_ran, validate_ran, split_ran, augment_ran],
-    )
+    augmented, augment_ran = augment_data(train=train, info=validated.info, cfg=cfg.augment)
+    return Prepared(augmented, val, test, validated, [load_ran, validate_ran, split_ran, augment_ran])
 
 
 @workflow
@@ -53,7 +55,7 @@ def streamed_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
     """reference -> prepare the stream (validate chunk by chunk, split as it goes)."""
     # Held to the champion's reference by the source's fingerprint: hashing the content would read it all.
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
-    train, val, test, quarantined, report, info, profile, report_files, prepare_ran = prepare_stream(
+    train, val, test, validated, prepare_ran = prepare_stream(
         cfg=cfg.data, fingerprint=fingerprint, reference=reference
     )
-    return Prepared(train, val, test, quarantined, report, info, profile, report_files, fingerprint, [prepare_ran])
+    return Prepared(train, val, test, validated, [prepare_ran])

@@ -4,7 +4,7 @@ when it fails.
 
     pyflyte register --image <registry>/flyscale@sha256:<digest> --version "$(git rev-parse HEAD)" workflows/
 
-registers and activates it (`auto_activate`). Its settings (tasks/schedule.py): the inputs from
+registers and activates it (`auto_activate`). Its settings (flyscale/cluster/schedule.py): the inputs from
 configs/cluster/production.yaml (FLYSCALE_PRODUCTION_CONFIG names another file), the schedule
 from FLYSCALE_NIGHTLY_CRON (02:00 UTC), the failure e-mails from FLYSCALE_ALERT_EMAILS.
 
@@ -16,7 +16,7 @@ still running when the next one is due makes the next one skip, never pile up.
 from flytekit import CronSchedule, Email, WorkflowExecutionPhase
 from flytekit.models.concurrency import ConcurrencyLimitBehavior, ConcurrencyPolicy
 
-from tasks import schedule
+from flyscale.cluster import schedule
 from workflows.train import training_pipeline
 
 nightly_retraining = schedule.FixedInputsLaunchPlan.get_or_create(
@@ -24,8 +24,12 @@ nightly_retraining = schedule.FixedInputsLaunchPlan.get_or_create(
     name="nightly_retraining",
     schedule=CronSchedule(schedule=schedule.nightly_cron()),
     fixed_inputs={"cfg": schedule.production_config()},
-    notifications=[Email(phases=[WorkflowExecutionPhase.FAILED, WorkflowExecutionPhase.TIMED_OUT,
-                                 WorkflowExecutionPhase.ABORTED], recipients_email=schedule.alert_emails())],
+    notifications=[
+        Email(
+            phases=[WorkflowExecutionPhase.FAILED, WorkflowExecutionPhase.TIMED_OUT, WorkflowExecutionPhase.ABORTED],
+            recipients_email=schedule.alert_emails(),
+        )
+    ],
     auto_activate=True,  # the schedule runs from registration on
     concurrency=ConcurrencyPolicy(max_concurrency=1, behavior=ConcurrencyLimitBehavior.SKIP),
 )

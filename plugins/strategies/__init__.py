@@ -1,1 +1,1 @@
-"""Training strategies: functions `(model, data, cfg, ctx, options) -> TrainResult`, chosen by name."""
+"""Training strategies: callables `(model, data, cfg, ctx, options, hooks) -> TrainResult`, chosen by name."""

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
 
-from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.step import enable_activation_checkpointing, make_optimizer, make_scheduler, standard_step
-from flyscale.training import TrainData, TrainResult, fit
+from flyscale.train.batches import Batches, TrainData
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
+from flyscale.train.state import TrainState
+from flyscale.train.step import (
+    enable_activation_checkpointing,
+    make_optimizer,
+    make_scheduler,
+    standard_step,
+)
 
 
-def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
+def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> Batches:
     """Per-rank batches of `cfg.batch_size`; every rank gets the same count."""
     return data.train_loader(cfg, ctx)
 
@@ -60,7 +66,9 @@ def timed_allreduce() -> tuple[Callable, Callable[[], float]]:
     return hook, lambda: total[0]
 
 
-def wrap(model: nn.Module, cfg: TrainConfig, device: torch.device, options: DDPOptions):
+def wrap(
+    model: nn.Module, cfg: TrainConfig, device: torch.device, options: DDPOptions
+) -> tuple[DistributedDataParallel, Callable[[], float] | None]:
     """`model` in DistributedDataParallel as the strategy configures it.
 
     Returns (wrapped model, seconds its gradient all-reduces have been in flight so far, or None
@@ -81,17 +89,37 @@ def wrap(model: nn.Module, cfg: TrainConfig, device: torch.device, options: DDPO
     return wrapped, grad_comm_seconds
 
 
-def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions) -> TrainResult:
-    """Train with DistributedDataParallel (or plainly, when running alone)."""
+class DDP:
+    """Data parallelism with DistributedDataParallel (or plainly, when running alone)."""
+
+    options_type = DDPOptions
+    per_worker_batch = True  # batch_size rows per rank; the global batch is that times the world size
+
+    def __call__(
+        self,
+        model: nn.Module,
+        data: TrainData,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        options: DDPOptions,
+        hooks: Hooks = NO_HOOKS,
+    ) -> TrainResult:
+        """Train `model` on this rank's shard of every epoch; every rank ends with the whole model."""
+        return _train(model, data, cfg, ctx, options, hooks)
+
+
+def _train(
+    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions, hooks: Hooks
+) -> TrainResult:
     model = model.to(ctx.device)
     if cfg.activation_checkpointing:
         enable_activation_checkpointing(model)
     wrapped: nn.Module = model
-    no_sync = None
+    no_sync: Callable[[], AbstractContextManager] | None = None
     grad_comm_seconds = None
     if ctx.distributed:
-        wrapped, grad_comm_seconds = wrap(model, cfg, ctx.device, options)
-        no_sync = wrapped.no_sync
+        ddp_model, grad_comm_seconds = wrap(model, cfg, ctx.device, options)
+        wrapped, no_sync = ddp_model, ddp_model.no_sync
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
@@ -108,9 +136,9 @@ def ddp(model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, o
         grad_comm_seconds=grad_comm_seconds,
         # Every rank holds the same state: rank 0 alone writes it to a checkpoint.
         state=TrainState(model, optimizer, scheduler, step.scaler),
+        hooks=hooks,
     )
     return TrainResult(model=model, history=history)
 
 
-ddp.options_type = DDPOptions  # type: ignore[attr-defined]
-ddp.per_worker_batch = True  # type: ignore[attr-defined]  # batch_size rows per rank; the global batch is x world
+ddp = DDP()

@@ -3,26 +3,30 @@
 Every rank sees the same global batch of `cfg.batch_size` rows (pipeline parallelism splits the
 model, not the data); `torch.distributed.pipelining` cuts it into micro-batches and streams them
 through the stages with the GPipe or 1F1B schedule. Ranks come only from the `DistContext`.
+One strategy, one module (about 300 lines): cutting the model, the schedule, the step, the
+evaluation across stages and reassembling the model all share the stage boundaries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.utils.data import DataLoader
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
-from flyscale import meta
-from flyscale.checkpoint import TrainState
 from flyscale.config import TrainConfig
-from flyscale.distributed import DistContext
-from flyscale.evaluation import batch_score
-from flyscale.step import StepFn, make_optimizer, make_scheduler
-from flyscale.training import TrainData, TrainResult, fit
+from flyscale.evaluate.metrics import batch_score
+from flyscale.train import meta
+from flyscale.train.batches import Batches, TrainData
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
+from flyscale.train.state import TrainState
+from flyscale.train.step import StepFn, make_optimizer, make_scheduler
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -71,10 +75,21 @@ def auto_split_points(model: nn.Sequential, n_stages: int) -> list[int]:
     return points[::-1]
 
 
-def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> list[int]:
-    """[0, *cut points, len(model)]: stage k is layers bounds[k]:bounds[k+1] of `model`."""
+def sequential(model: nn.Module) -> nn.Sequential:
+    """`model`, which the pipeline strategy cuts between layers: it must be an nn.Sequential."""
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"the pipeline strategy needs an nn.Sequential model, got {type(model).__name__}")
+    return model
+
+
+def _layers(model: nn.Module, start: int, stop: int) -> nn.Sequential:
+    """Layers start:stop of `model`, with their names ("3.weight"): a Sequential's slice is one."""
+    return cast(nn.Sequential, sequential(model)[start:stop])
+
+
+def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> list[int]:
+    """[0, *cut points, len(model)]: stage k is layers bounds[k]:bounds[k+1] of `model`."""
+    model = sequential(model)
     if len(model) < n_stages:
         raise ValueError(f"a model of {len(model)} layers cannot be split into {n_stages} pipeline stages")
     if not split_points:
@@ -97,7 +112,7 @@ def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> li
 def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> list[nn.Sequential]:
     """The stages as slices of `model`: they share its parameters and keep its layer names."""
     bounds = split_bounds(model, n_stages, split_points)
-    return [model[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [_layers(model, a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -105,7 +120,7 @@ class LocalStage:
     """This rank's slice of the model and the schedule that runs it (None when running alone)."""
 
     module: nn.Sequential
-    schedule: ScheduleGPipe | Schedule1F1B | None
+    schedule: PipelineScheduleSingle | None
     is_first: bool = True
     is_last: bool = True
 
@@ -113,7 +128,7 @@ class LocalStage:
 def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, seed: int = 0) -> LocalStage:
     """Cut `model` into world_size stages and wrap this rank's in a schedule.
 
-    A model on the meta device (see flyscale.meta) gets storage and initial weights for this
+    A model on the meta device (see flyscale.train.meta) gets storage and initial weights for this
     rank's layers only (from `seed`); the other stages stay shapes without storage here. A model
     already in memory is used as it is.
     """
@@ -121,7 +136,7 @@ def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, se
     bounds = split_bounds(model, n_stages, options.split_points)
     rank = ctx.rank if n_stages > 1 else 0
     meta.materialise(model, ctx.device, seed, range(bounds[rank], bounds[rank + 1]))
-    module = model[bounds[rank]:bounds[rank + 1]].to(ctx.device)
+    module = _layers(model, bounds[rank], bounds[rank + 1]).to(ctx.device)
     if n_stages == 1:
         return LocalStage(module, None)
     if options.schedule == "1f1b" and options.microbatches < n_stages:
@@ -148,12 +163,12 @@ def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> t
     losses: list[torch.Tensor] = []
     # Only the first stage feeds inputs and only the last one sees targets; the others relay.
     args = (xb,) if stage.is_first else ()
-    kwargs = {"target": yb, "losses": losses} if stage.is_last else {}
+    kwargs: dict[str, Any] = {"target": yb, "losses": losses} if stage.is_last else {}
     logits = stage.schedule.step(*args, return_outputs=stage.is_last, **kwargs)
     if not stage.is_last:
         zero = torch.zeros((), device=xb.device)
         return zero, zero.long()
-    loss = torch.stack([l.detach() for l in losses]).mean()
+    loss = torch.stack([micro.detach() for micro in losses]).mean()
     return loss, (logits.detach().argmax(1) == yb).sum()
 
 
@@ -192,13 +207,13 @@ def assemble(model: nn.Module, stage: LocalStage, ctx: DistContext) -> nn.Module
         return model
     merged: dict[str, torch.Tensor] = {}
     for part in parts:  # a stage keeps the model's layer names ("3.weight"), so the parts fit together as they are
-        merged.update(part)  # type: ignore[arg-type]
+        merged.update(part)
     # assign=True: the meta layers take the received tensors as their storage, no copy of an empty model first.
     model.load_state_dict(merged, assign=True)
     return model.to(ctx.device)
 
 
-def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> DataLoader:
+def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> Batches:
     """Global batches in the same order on every rank; the last partial batch is dropped."""
     # Not sharded: every stage must see the same rows, the first as inputs and the last as targets.
     # drop_last: the schedule's receive buffers have a fixed micro-batch shape.
@@ -239,7 +254,9 @@ def clip_global_grad_norm(stage: LocalStage, max_norm: float, ctx: DistContext) 
             g.mul_(scale)
 
 
-def pipeline_step(stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext, scheduler) -> StepFn:
+def pipeline_step(
+    stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: TrainConfig, ctx: DistContext, scheduler
+) -> StepFn:
     """One optimizer step on one global batch, for this rank's stage."""
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -256,15 +273,35 @@ def pipeline_step(stage: LocalStage, optimizer: torch.optim.Optimizer, cfg: Trai
     return step
 
 
-def pipeline(
-    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions
-) -> TrainResult:
-    """Train with pipeline parallelism over world_size stages (or plainly, when running alone).
+class Pipeline:
+    """Pipeline parallelism over world_size stages (or plainly, when running alone).
 
     Give it the model on the meta device (the training task does, as `meta_model` asks) and each
     rank materialises, trains and holds the optimizer state of its own stage only; rank 0 puts
     the whole model together once, at the end.
     """
+
+    options_type = PipelineOptions
+    # `train.batch_size` is the global batch: every stage sees it (the preflight needs to know).
+    per_worker_batch = False
+    meta_model = True  # the training task hands it the model on the meta device: each rank materialises its stage
+
+    def __call__(
+        self,
+        model: nn.Module,
+        data: TrainData,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        options: PipelineOptions,
+        hooks: Hooks = NO_HOOKS,
+    ) -> TrainResult:
+        """Train this rank's stage of `model`; rank 0 ends with the whole trained model."""
+        return _train(model, data, cfg, ctx, options, hooks)
+
+
+def _train(
+    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions, hooks: Hooks
+) -> TrainResult:
     _check_batches(data, cfg, options)
     _unsupported(cfg)
     stage = build_stage(model, ctx, options, seed=cfg.seed)
@@ -276,14 +313,18 @@ def pipeline(
     # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
     state = TrainState(stage.module, optimizer, scheduler, sharded=stage.schedule is not None)
     history = fit(
-        model, pipeline_step(stage, optimizer, cfg, ctx, scheduler), loader, evaluate, cfg, ctx, "pipeline", optimizer,
+        model,
+        pipeline_step(stage, optimizer, cfg, ctx, scheduler),
+        loader,
+        evaluate,
+        cfg,
+        ctx,
+        "pipeline",
+        optimizer,
         state=state,
+        hooks=hooks,
     )
     return TrainResult(model=assemble(model, stage, ctx) if stage.schedule is not None else model, history=history)
 
 
-pipeline.options_type = PipelineOptions  # type: ignore[attr-defined]
-# `train.batch_size` is the global batch: every stage sees it (the preflight check needs to know).
-pipeline.per_worker_batch = False  # type: ignore[attr-defined]
-# The training task hands it the model on the meta device: each rank materialises only its stage.
-pipeline.meta_model = True  # type: ignore[attr-defined]
+pipeline = Pipeline()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 
 @dataclass
@@ -29,10 +29,14 @@ class MinF1:
 
     options_type = MinF1Options
 
-    def check(self, metrics: Mapping[str, float], options: MinF1Options, champion: Mapping[str, float] | None) -> Verdict:
+    def check(
+        self, metrics: Mapping[str, float], options: MinF1Options, champion: Mapping[str, float] | None
+    ) -> Verdict:
         f1 = metrics["macro_f1"]
         passed = f1 >= options.threshold
-        return Verdict("acme_min_f1", passed, f"test macro-F1 {f1:.4f} {'>=' if passed else '<'} {options.threshold:.4f}")
+        return Verdict(
+            "acme_min_f1", passed, f"test macro-F1 {f1:.4f} {'>=' if passed else '<'} {options.threshold:.4f}"
+        )
 
 
 min_f1 = MinF1()

@@ -4,8 +4,8 @@ annotated with flyscale's Protocols and returning flyscale's own types."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from torch import nn
 
@@ -27,7 +27,9 @@ class MaxLoss(GatePlugin):
     def check(self, metrics: Mapping[str, float], options: MaxLossOptions, champion) -> GateVerdict:
         loss = metrics["loss"]
         passed = loss <= options.max_loss
-        return GateVerdict("acme_max_loss", passed, f"test loss {loss:.4f} {'<=' if passed else '>'} {options.max_loss}")
+        return GateVerdict(
+            "acme_max_loss", passed, f"test loss {loss:.4f} {'<=' if passed else '>'} {options.max_loss}"
+        )
 
 
 class Linear(ModelPlugin):

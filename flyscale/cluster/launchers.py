@@ -1,0 +1,282 @@
+"""Which distributed launcher the training task uses, chosen at registration, never in code.
+
+Locally (`pyflyte run` without --remote) training always runs as `nproc_per_node` torch-elastic
+worker processes on this machine. On a cluster the same task becomes a Kubeflow PyTorchJob:
+
+    FLYSCALE_NNODES=2 FLYSCALE_NPROC_PER_NODE=4 pyflyte run --remote workflows/train.py training_pipeline
+
+`FLYSCALE_MAX_RESTARTS` (default 1) is how often torch-elastic restarts the worker group after a
+worker dies; the group resumes from the run's last checkpoint. With `FLYSCALE_LAUNCHER=pytorch`,
+the task is a classic PyTorchJob of one master and `FLYSCALE_NNODES - 1` worker pods (one process
+each), each asking for one worker process's resources (configs/cluster/resources.yaml). Run
+locally, that launcher trains in one process.
+
+A multi-node setting run locally would wait for peers that never come (the rendezvous times out
+after 15 minutes), so `LocalSafeElastic` runs it on one node instead and says so. It extends
+flytekit's task plugin through `execute`, the method flytekit documents for it, and hands the
+local run to a single-node twin of the task; it never touches the task's own settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from flytekit.core.task import TaskPlugins
+from flytekitplugins.kfpytorch import Elastic, Master, PyTorch, Worker
+from flytekitplugins.kfpytorch.task import (
+    PytorchElasticFunctionTask,
+    PyTorchFunctionTask,
+)
+
+from flyscale import settings
+from flyscale.cluster import exit_codes, resources
+from flyscale.errors import UserError, verbose
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LocalSafeElastic(Elastic):
+    """`Elastic`, except that a local run with nnodes > 1 falls back to one node."""
+
+
+def in_pytorchjob() -> bool:
+    """True inside a PyTorchJob pod: the training operator sets PET_NNODES in every one."""
+    return os.environ.get("PET_NNODES") is not None
+
+
+@contextlib.contextmanager
+def importable_by_workers(fn) -> Iterator[None]:
+    """Keep the folder holding `fn`'s top-level package on sys.path while workers are spawned.
+
+    Spawned workers unpickle the task function by module name (`tasks.train`), and they start
+    with the parent's sys.path. `pyflyte run` puts the project root there only while it loads
+    the workflow file, so without this a local run's workers cannot import the task's module.
+    (In the image the working directory is on PYTHONPATH already, and this changes nothing.)
+    """
+    top = sys.modules[fn.__module__.split(".")[0]]
+    if top.__file__ is None:  # a namespace package: nothing to put on the path
+        yield
+        return
+    where = os.path.dirname(os.path.dirname(top.__file__) if hasattr(top, "__path__") else top.__file__)
+    added = where not in sys.path
+    if added:
+        sys.path.insert(0, where)
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(where)
+
+
+class ExitCodeCommand:
+    """A training task's container command under flyscale.cluster.exit_codes, so its pod exits by the
+    PyTorchJob ExitCode convention (its execute records failures with `exit_codes.recorded`)."""
+
+    def get_default_command(self, settings) -> list[str]:
+        return exit_codes.wrapped(super().get_default_command(settings))  # type: ignore[misc]  # a mixin: the task class after it has it
+
+
+class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
+    def execute(self, **kwargs):
+        # Recorded outermost: the pod's exit code follows the retryable conversion below.
+        with (
+            exit_codes.recorded(),
+            importable_by_workers(self.task_function),
+            transient_faults_retryable(),
+            worker_errors_said_plainly(),
+        ):
+            if self.min_nodes > 1 and not in_pytorchjob():
+                log.warning(
+                    "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
+                    self.task_config.nnodes,
+                    self.task_config.nproc_per_node,
+                )
+                return self._single_node_twin.execute(**kwargs)
+            return super().execute(**kwargs)
+
+    @functools.cached_property
+    def _single_node_twin(self) -> PytorchElasticFunctionTask:
+        """The same function under flytekit's own Elastic plugin, on one node."""
+        config = Elastic(**{f.name: getattr(self.task_config, f.name) for f in dataclasses.fields(Elastic)})
+        return PytorchElasticFunctionTask(
+            task_config=dataclasses.replace(config, nnodes=1), task_function=self.task_function
+        )
+
+
+@dataclass
+class ClassicPyTorch(PyTorch):
+    """flytekit's `PyTorch` (a PyTorchJob of one master and worker pods), whose pods exit by the
+    ExitCode convention too."""
+
+
+class ClassicPyTorchTask(ExitCodeCommand, PyTorchFunctionTask):
+    def execute(self, **kwargs):
+        with exit_codes.recorded():
+            return super().execute(**kwargs)
+
+
+@contextlib.contextmanager
+def worker_errors_said_plainly() -> Iterator[None]:
+    """In a local run, a worker's own error (bad config or data, a diverged loss) as the one
+    message it is, not torch-elastic's report of every worker's traceback; `pyflyte -v` or
+    FLYSCALE_VERBOSE=1 keeps the report. (In a pod, Flyte reads the error document: unchanged.)"""
+    from flytekit.exceptions.user import FlyteUserRuntimeException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if in_pytorchjob() or verbose():
+        yield
+        return
+    elastic = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = elastic.level
+    elastic.setLevel(logging.CRITICAL)  # it logs each failed worker's traceback as the worker ends
+    try:
+        yield
+    except FlyteUserRuntimeException as exc:
+        failure = exc.value if isinstance(exc.value, ChildFailedError) else None
+        if failure is None:
+            raise
+        rank, first = failure.get_first_failure()
+        message = first.message.get("message", "") if isinstance(first.message, dict) else str(first.message)
+        if not message or first.exitcode < 0:  # killed by a signal: transient_faults_retryable says so
+            raise
+        raise UserError(
+            f"training failed on rank {rank}: {message.strip()}\n(the workers' tracebacks: "
+            f"pyflyte -v run ..., or {settings.VERBOSE.name}=1)"
+        ) from exc
+    finally:
+        elastic.setLevel(level)
+
+
+@contextlib.contextmanager
+def transient_faults_retryable() -> Iterator[None]:
+    """Faults of the machine, not of the code or the data, as FlyteRecoverableException, so that
+    Flyte retries the task (which then resumes from its checkpoint).
+
+    flytekit's Elastic task calls a failure retryable only when the worker raised a
+    FlyteRecoverableException itself. A worker killed by a signal (SIGKILL from the OOM killer or
+    a preempted node, SIGTERM) raised nothing: flytekit wraps torch-elastic's ChildFailedError in
+    a FlyteUserRuntimeException, which Flyte does not retry. A rendezvous that times out (peers
+    that never came) is transient too.
+    """
+    from flytekit.exceptions.user import (
+        FlyteRecoverableException,
+        FlyteUserRuntimeException,
+    )
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    try:
+        yield
+    except FlyteUserRuntimeException as exc:
+        failure = exc.value if isinstance(exc.value, ChildFailedError) else None
+        killed = {rank: f for rank, f in failure.failures.items() if f.exitcode < 0} if failure else {}
+        if failure is None or not killed:
+            raise
+        named = ", ".join(f"rank {rank} (pid {f.pid}) by {f.signal_name()}" for rank, f in sorted(killed.items()))
+        raise FlyteRecoverableException(
+            f"training workers were killed: {named}, after the configured worker restarts. A retry resumes "
+            f"from the last checkpoint.\n{failure.format_msg()}"
+        ) from exc
+    except RendezvousError as exc:
+        raise FlyteRecoverableException(
+            f"the training workers' rendezvous failed: {exc}. A retry may find its peers"
+        ) from exc
+
+
+TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)
+TaskPlugins.register_pythontask_plugin(ClassicPyTorch, ClassicPyTorchTask)
+
+
+def training_resources() -> dict:
+    """The training tasks' requests, limits, accelerator and shared memory, from the cluster
+    resources file: a worker process's share times the processes per node (a classic
+    PyTorchJob's pods run one process each)."""
+    processes = 1 if settings.LAUNCHER.get() == "pytorch" else settings.NPROC_PER_NODE.integer(1)
+    return resources.CLUSTER.training.task_kwargs(processes)
+
+
+# The launcher's settings: elastic, 1 node, 2 worker processes, and one restart of the worker group
+# after a worker dies (it resumes from the last checkpoint), unless the environment says otherwise.
+LAUNCHER_SETTINGS = (settings.LAUNCHER, settings.NNODES, settings.NPROC_PER_NODE, settings.MAX_RESTARTS)
+
+
+def launcher_facts() -> str:
+    """The launcher's kind, nodes and processes per node, for the training tasks' cache versions
+    (they decide the global batch; how often a dead worker is restarted does not)."""
+    return ":".join(f"{s.name}={s.get()}" for s in LAUNCHER_SETTINGS if s is not settings.MAX_RESTARTS)
+
+
+def launcher_environment() -> dict[str, str]:
+    """The launcher's settings as registered, for the training tasks' environment: a pod imports
+    the task module again, and must build the same launcher (nodes, processes, restarts) that was
+    registered, not the defaults."""
+    return {s.name: s.get() for s in LAUNCHER_SETTINGS}
+
+
+def training_retries() -> int:
+    """How often Flyte retries the training task after a retryable failure (FLYSCALE_TRAIN_RETRIES,
+    default 2); each retry resumes from the checkpoint the failed attempt saved."""
+    return settings.TRAIN_RETRIES.integer(0)
+
+
+def worker_start_method(nproc_per_node: int) -> str:
+    """How torch-elastic starts the workers: `fork` where that is safe, `spawn` otherwise.
+
+    A spawned worker imports torch, flytekit and the task's module again (about 5 s on 2 cores,
+    most of a small local run's training task); a forked one starts with them imported. Forking
+    is safe only for a worker that runs one thread: GNU OpenMP's thread team does not survive a
+    fork, so a child that computes with several threads after its parent did (`pyflyte run`
+    runs every task in one process) hangs. Several workers a node run one thread each
+    (flytekit's Elastic task sets OMP_NUM_THREADS=1 unless you set it; `process_group` applies
+    it to a forked worker, which still has its parent's count). And CUDA cannot be used in a
+    child forked after its parent touched it. So: fork with a CPU build of torch, several
+    workers and one thread each; spawn otherwise.
+    """
+    import torch
+
+    one_thread = os.environ.get("OMP_NUM_THREADS", "1") == "1"
+    forkable = "fork" in multiprocessing.get_all_start_methods() and not torch.version.cuda
+    return "fork" if forkable and nproc_per_node > 1 and one_thread else "spawn"
+
+
+def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
+    """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
+    launcher = settings.LAUNCHER.get()
+    nnodes, nproc = settings.NNODES.integer(1), settings.NPROC_PER_NODE.integer(1)
+    restarts = settings.MAX_RESTARTS.integer(0)
+    if launcher == "pytorch":
+        if nnodes < 2:
+            raise ValueError("FLYSCALE_LAUNCHER=pytorch needs FLYSCALE_NNODES >= 2 (one master plus workers)")
+        pod = resources.CLUSTER.training.resources(1)  # one process per pod
+        return ClassicPyTorch(
+            master=Master(requests=pod, limits=pod),
+            worker=Worker(replicas=nnodes - 1, requests=pod, limits=pod),
+            increase_shared_mem=False,
+        )
+    if launcher != "elastic":
+        raise ValueError(f"FLYSCALE_LAUNCHER must be 'elastic' or 'pytorch', got {launcher!r}")
+    return elastic_launcher(nnodes, nproc, restarts)
+
+
+def elastic_launcher(nnodes: int, nproc: int, restarts: int) -> LocalSafeElastic:
+    """torch-elastic on `nnodes` nodes of `nproc` worker processes, restarting them up to `restarts` times."""
+    # Short rendezvous timeouts locally; a cluster may wait for pods to be scheduled.
+    timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
+    return LocalSafeElastic(
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        rdzv_configs=timeouts,
+        max_restarts=restarts,
+        start_method=worker_start_method(nproc),
+        monitor_interval=0.1,  # how often the agent looks at its workers (a float to torch; never serialised)
+        increase_shared_mem=False,  # the task asks for its shared memory itself (training.shared_memory)
+    )

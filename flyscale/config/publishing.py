@@ -1,0 +1,100 @@
+"""The sections for what happens after training: the gates, quantization and MLflow."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from flyscale.config.base import Section, positive, section
+from flyscale.config.plugins import PluginSection
+
+
+@section
+class GateConfig(PluginSection):
+    """One evaluation gate: a gate plugin and its options."""
+
+    _section = "gate"
+    _kind = "gates"
+    name: str = "min_metric"
+    options: dict = field(default_factory=dict)  # the gate's own; its defaults live in its options dataclass
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+
+
+def _default_gates() -> list[GateConfig]:
+    return [GateConfig("min_metric"), GateConfig("quantization")]
+
+
+@section
+class GatesConfig(Section):
+    """Every gate a model must pass before it is published; each verdict is recorded.
+
+    In YAML `gate:` is a list of gates (`- {name: min_metric}`), or one gate as a mapping
+    (`gate: {name: beats_champion}`), which is a list of one.
+    """
+
+    _section = "gate"
+    gates: list[GateConfig] = field(default_factory=_default_gates)
+
+    def __post_init__(self):
+        names = [g.name for g in self.gates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gate: a gate is listed twice in {names}; give each once, with all its options")
+
+    @staticmethod
+    def normalise(data: Any) -> Any:
+        """A list of gates, or one gate's mapping, as the {"gates": [...]} this section holds."""
+        if isinstance(data, list):
+            return {"gates": data}
+        if isinstance(data, dict) and data and "gates" not in data:
+            return {"gates": [data]}
+        return data
+
+
+@section
+class QuantizeConfig(PluginSection):
+    """Post-training quantization: which quantizer, with which options."""
+
+    _section = "quantize"
+    _kind = "quantizers"
+    name: str = "dynamic_int8"
+    options: dict = field(default_factory=dict)
+    # How much accuracy int8 may cost is the `quantization` gate's: gate: [..., {name: quantization,
+    # options: {max_accuracy_drop: 0.01}}].
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+
+
+@section
+class MlflowConfig(Section):
+    """Where runs and models go. The tracking URI comes from MLFLOW_TRACKING_URI, else ./mlflow.db."""
+
+    _section = "mlflow"
+    experiment: str = "flyscale"
+    model_name: str = "flyscale-digits"
+    alias: str = "champion"
+    # "auto": a model that passes every gate becomes `alias` (compare-and-set). "manual": it becomes
+    # `challenger_alias`, and a person moves `alias` with `flyscale promote` after looking.
+    promotion: str = "auto"
+    challenger_alias: str = "challenger"
+    # Every MLflow request is retried this many times with exponential backoff (factor in
+    # seconds) before the run fails with a retryable error; MLflow's own default is ~4 minutes.
+    retries: int = 3
+    retry_backoff_s: int = 1
+    request_timeout_s: int = 30
+    lock_timeout_s: float = 120.0  # how long to wait for another run that is moving the alias
+    lock_stale_s: float = 600.0  # a promotion lock older than this was left by a dead run
+
+    def __post_init__(self):
+        for name in ("experiment", "model_name", "alias", "challenger_alias"):
+            if not getattr(self, name).strip():
+                raise ValueError(f"mlflow.{name} must not be empty")
+        if self.promotion not in ("auto", "manual"):
+            raise ValueError(f"mlflow.promotion must be 'auto' or 'manual', got {self.promotion!r}")
+        if self.challenger_alias == self.alias:
+            raise ValueError(f"mlflow.challenger_alias must differ from mlflow.alias ({self.alias!r})")
+        if self.retries < 0:
+            raise ValueError(f"mlflow.retries must be >= 0, got {self.retries}")
+        positive(self, "retry_backoff_s", "request_timeout_s", "lock_timeout_s", "lock_stale_s")

@@ -1,0 +1,188 @@
+"""The sections for data and training: one per stage, each a strict pydantic dataclass.
+
+Every field has a working default, so a preset names only what it changes. Types are checked
+strictly on every way in (flyscale/config/strict.py); each `__post_init__` checks what a type
+cannot say (ranges, a plugin's name and options) with a ValueError that names the field. The
+sections for gates and publishing are in `publishing`, and the whole run's in `pipeline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from flyscale.config.base import Section, fraction, positive, section
+from flyscale.config.plugins import PluginSection, canonical, resolve
+from flyscale.plugin.registry import Resolved
+
+
+@section
+class DataConfig(PluginSection):
+    """Which dataset to load and how to split it."""
+
+    _section = "data"
+    _kind = "datasets"
+    _name_field = "dataset"
+    dataset: str = "digits"
+    options: dict = field(default_factory=dict)  # the dataset plugin's own options
+    val_fraction: float = 0.15
+    test_fraction: float = 0.2
+    seed: int = 0
+    max_quarantine_fraction: float = 0.05  # more bad rows than this fails validation
+    # Drift (PSI per feature and for the labels) against the reference is always measured and
+    # reported; above this it fails the run (0: report only). 0.25 is the usual "significant shift".
+    max_drift_psi: float = 0.0
+    # A reference profile (JSON, as flyscale records it with each model) to validate against
+    # instead of the champion's; empty: the champion's, when there is one.
+    reference: str = ""
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+        fraction(self, "val_fraction", lo=0.01, hi=0.5)
+        fraction(self, "test_fraction", lo=0.01, hi=0.5)
+        fraction(self, "max_quarantine_fraction")
+        if self.max_drift_psi < 0:
+            raise ValueError(f"data.max_drift_psi must be >= 0 (0 = report only), got {self.max_drift_psi}")
+
+
+@section
+class AugmentConfig(Section):
+    """Augmentations applied to the training split only."""
+
+    _section = "augment"
+    # Applied in order. Unset (None): the dataset's own `default_augmentations`, filled in by
+    # PipelineConfig, since what fits images does not fit tabular rows. [] turns augmentation off.
+    names: list[str] | None = None
+    copies: int = 1  # augmented copies per training row, added beside the originals
+    options: dict = field(default_factory=dict)  # per-augmentation options
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.copies < 0:
+            raise ValueError(f"augment.copies must be >= 0, got {self.copies}")
+        if self.names is not None:
+            for name in self.options:
+                if name not in self.names:
+                    raise ValueError(f"augment.options.{name}: {name!r} is not listed in augment.names {self.names}")
+        # Which augmentations run may not be known yet (names unset), but options given for one must fit it.
+        parsed = {
+            name: resolve("augmentations", name, options, f"augment.options.{name}", f"augment.options.{name}").options
+            for name, options in self.options.items()
+        }
+        self.options = {name: kept for name, p in parsed.items() if (kept := canonical(p))}
+        self.plugins  # noqa: B018  # resolving the names is their validation
+
+    @property
+    def plugins(self) -> list[Resolved]:
+        """Each augmentation, in order, with its parsed options ([] while `names` is unset)."""
+        names, options = list(self.names or []), self.options
+        return self._resolved_once(
+            (tuple(names), repr(options)),
+            lambda: [
+                resolve("augmentations", n, options.get(n), "augment.names", f"augment.options.{n}") for n in names
+            ],
+        )
+
+
+@section
+class ModelConfig(PluginSection):
+    """Which model to build; `options` go to the model plugin's own options dataclass."""
+
+    _section = "model"
+    _kind = "models"
+    name: str = "mlp"
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+
+
+@section
+class TrainConfig(PluginSection):
+    """Optimisation and parallelism. `batch_size` is per worker per optimizer step."""
+
+    _section = "train"
+    _kind = "strategies"
+    _name_field = "strategy"
+    strategy: str = "ddp"
+    epochs: int = 30
+    batch_size: int = 32
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    seed: int = 0
+    options: dict = field(default_factory=dict)  # the strategy's own options
+    # Techniques: each is off by default and switched on here, never in code.
+    grad_accum_steps: int = 1  # split each batch into this many micro-batches (same math, less memory)
+    precision: str = "fp32"  # "bf16" (autocast; CPU or CUDA) or "fp16" (CUDA, with GradScaler)
+    activation_checkpointing: bool = False  # recompute activations in backward instead of storing them
+    grad_clip_norm: float = 0.0  # clip the global gradient norm to this; 0 = off
+    scale_lr: bool = False  # linear scaling rule: lr x global_batch / base_batch_size
+    base_batch_size: int = 32  # the global batch `lr` was tuned for
+    warmup_epochs: float = 0.0  # linear warm-up from 0 to the (scaled) lr
+    num_workers: int = 0  # DataLoader worker processes per rank
+    pin_memory: bool = True  # page-locked host memory, used only when training on CUDA
+    persistent_workers: bool = False  # keep DataLoader workers alive between epochs
+    prefetch_factor: int = 2  # batches each DataLoader worker loads ahead
+    # Training-set accuracy costs three small kernels per step (~4% of a tiny MLP's step on CPU);
+    # validation accuracy is always measured, so this is off unless asked for.
+    track_train_accuracy: bool = False
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+        positive(self, "epochs", "batch_size", "lr", "grad_accum_steps", "base_batch_size", "prefetch_factor")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.batch_size % self.grad_accum_steps:
+            raise ValueError(
+                f"train.grad_accum_steps ({self.grad_accum_steps}) must divide train.batch_size ({self.batch_size})"
+            )
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"train.precision must be 'fp32', 'bf16' or 'fp16', got {self.precision!r}")
+        if self.grad_clip_norm < 0 or self.warmup_epochs < 0 or self.num_workers < 0:
+            raise ValueError("train.grad_clip_norm, train.warmup_epochs and train.num_workers must be >= 0")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("train.persistent_workers needs train.num_workers > 0")
+
+
+@section
+class RecoveryConfig(Section):
+    """Surviving dead workers and preemption: checkpoints, resume, and how long to wait for a peer.
+
+    Nothing here changes the model, so none of it is part of training's cache key.
+    """
+
+    _section = "recovery"
+    checkpoint_every_steps: int = 0  # a checkpoint every N optimizer steps; 0 = by time only
+    checkpoint_every_minutes: float = 5.0  # and one every M minutes of training; 0 = by steps only
+    keep_checkpoints: int = 2  # the newest K are kept in the restart directory
+    # The local restart directory; checkpoints go in a folder per run under it. "" = ~/.flyscale/checkpoints.
+    # On a multi-node cluster make it a volume every node mounts.
+    checkpoint_dir: str = ""
+    resume: bool = True  # resume from the newest checkpoint of this run when one exists
+    # A collective that waits longer than this for a peer fails, naming the lost rank: a dead or
+    # stopped worker is an error in seconds, not NCCL's hours. Raise it for slow first steps.
+    collective_timeout_s: float = 120.0
+
+    def __post_init__(self):
+        if self.checkpoint_every_steps < 0 or self.checkpoint_every_minutes < 0:
+            raise ValueError("recovery.checkpoint_every_steps and recovery.checkpoint_every_minutes must be >= 0")
+        positive(self, "keep_checkpoints", "collective_timeout_s")
+
+
+@section
+class PreflightConfig(Section):
+    """A few optimizer steps at world size 1 and at world size N before training; off by default.
+
+    The two runs see the same global batches from the same initial weights, so their losses
+    agree to float rounding when sharding, LR scaling and gradient sync are right.
+    """
+
+    _section = "preflight"
+    enabled: bool = False
+    steps: int = 5  # optimizer steps compared; each step's loss and the loss after it
+    # fp32 runs agree to ~1e-6; real faults move the loss by 1e-2 or more. Loosen for bf16/fp16.
+    rtol: float = 1e-3
+
+    def __post_init__(self):
+        positive(self, "steps", "rtol")
+        if self.rtol >= 1:
+            raise ValueError(f"preflight.rtol must be < 1 (a relative tolerance), got {self.rtol!r}")

@@ -1,0 +1,54 @@
+"""Augmented copies of the training rows, by the configured augmentation plugins; a pure
+function of the rows and the config."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+
+from flyscale.config import AugmentConfig
+from flyscale.plugin.contracts import DatasetInfo
+
+log = logging.getLogger(__name__)
+
+
+def augment(train: pd.DataFrame, info: DatasetInfo, cfg: AugmentConfig) -> pd.DataFrame:
+    """Originals plus `cfg.copies` augmented copies of each row; a pure function of (rows, cfg).
+
+    Augmented values are clipped into the dataset's declared `feature_ranges`, so augmented rows
+    stay inside the schema the originals passed.
+    """
+    if cfg.names is None:
+        raise ValueError(
+            "augment.names is unset: build the config as a PipelineConfig, which fills in the dataset's defaults"
+        )
+    if cfg.copies == 0 or not cfg.names:
+        return train.copy()
+    rng = np.random.default_rng(cfg.seed)
+    x = train[info.feature_columns].to_numpy(dtype="float32").reshape(-1, *info.input_shape)
+    lo, hi = _bounds(info)
+    copies = []
+    for _ in range(cfg.copies):
+        out = x.copy()
+        for r in cfg.plugins:
+            result = r.plugin(out, rng, r.options)
+            if not isinstance(result, np.ndarray) or result.shape != out.shape:
+                got = getattr(result, "shape", type(result).__name__)
+                raise TypeError(
+                    f"augmentation {r.name!r} returned {got} for a batch of shape {out.shape}; "
+                    "it must return an array of the same shape"
+                )
+            out = result.astype("float32", copy=False)
+        flat = np.clip(out.reshape(len(out), -1), lo, hi)
+        frame = pd.DataFrame(flat, columns=info.feature_columns)
+        frame[info.label_column] = train[info.label_column].to_numpy()
+        copies.append(frame)
+    return pd.concat([train, *copies], ignore_index=True)
+
+
+def _bounds(info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature (min, max) from the dataset's declared ranges; unbounded where it declares none."""
+    ranges = [info.feature_ranges.get(c, (-np.inf, np.inf)) for c in info.feature_columns]
+    return np.array([r[0] for r in ranges], dtype="float32"), np.array([r[1] for r in ranges], dtype="float32")

@@ -1,0 +1,152 @@
+"""Data between preparation and training: each split as a directory of Parquet shards.
+
+Small data is one shard that training reads whole into memory; data larger than memory is many
+shards (each of several row groups) that training streams (flyscale/data/streaming.py). Either way
+the tasks after preparation see one type, so one workflow serves both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow
+import pyarrow.parquet as pq
+from flytekit.types.directory import FlyteDirectory
+
+ROW_GROUP_ROWS = 65_536  # the unit of streaming: one row group is read, shuffled and batched at a time
+
+
+@dataclass
+class Shards:
+    """One split: a directory of Parquet files holding `rows` rows."""
+
+    dir: FlyteDirectory
+    rows: int
+    streamed: bool = False  # larger than memory: train from it by streaming, never read it whole
+
+
+def files(path: str) -> list[str]:
+    """The shard files of a local directory, in order."""
+    return sorted(str(p) for p in Path(path).glob("*.parquet"))
+
+
+class ShardWriter:
+    """Writes rows to numbered Parquet files as they come, so memory holds one batch at a time."""
+
+    def __init__(
+        self,
+        name: str,
+        rows_per_file: int = 8 * ROW_GROUP_ROWS,
+        row_group_rows: int = ROW_GROUP_ROWS,
+        streamed: bool = False,
+        root: str | None = None,
+    ):
+        self.streamed = streamed
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix=f"flyscale-{name}-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.rows_per_file, self.row_group_rows = rows_per_file, row_group_rows
+        self.rows = 0
+        self._writer: pq.ParquetWriter | None = None
+        self._in_file = 0
+        self._count = 0
+        self._pending: list[pyarrow.Table] = []
+        self._pending_rows = 0
+
+    def write(self, frame: pd.DataFrame) -> None:
+        if len(frame) == 0:
+            return
+        self._pending.append(pyarrow.Table.from_pandas(frame, preserve_index=False))
+        self._pending_rows += len(frame)
+        self.rows += len(frame)
+        while self._pending_rows >= self.row_group_rows:
+            self._flush(self.row_group_rows)
+
+    def _flush(self, rows: int) -> None:
+        table = pyarrow.concat_tables(self._pending)
+        head, rest = table.slice(0, rows), table.slice(rows)
+        self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.root / f"part-{self._count:05d}.parquet", head.schema)
+            self._count += 1
+        self._writer.write_table(head, row_group_size=self.row_group_rows)
+        self._in_file += head.num_rows
+        if self._in_file >= self.rows_per_file:
+            self._writer.close()
+            self._writer, self._in_file = None, 0
+
+    def close(self, schema: pyarrow.Schema | None = None) -> Shards:
+        """Flush what is left and return the split (an empty split still has one, empty, file)."""
+        if self._pending_rows:
+            self._flush(self._pending_rows)
+        if self._writer is not None:
+            self._writer.close()
+        if self._count == 0 and schema is not None:
+            pq.write_table(schema.empty_table(), self.root / "part-00000.parquet")
+        return Shards(dir=FlyteDirectory(str(self.root)), rows=self.rows, streamed=self.streamed)
+
+
+def write(frame: pd.DataFrame, name: str) -> Shards:
+    """A frame as a split of shards (one file when it is small)."""
+    writer = ShardWriter(name, rows_per_file=max(len(frame), 1))
+    writer.write(frame)
+    return writer.close(pyarrow.Schema.from_pandas(frame, preserve_index=False))
+
+
+def head(path: str, rows: int, columns: list[str] | None = None) -> pd.DataFrame:
+    """The first `rows` rows of a split (a row group at a time: the rest is never read)."""
+    parts, have = [], 0
+    for unit in units(path):
+        if have >= rows:
+            break
+        parts.append(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns))
+        have += unit.rows
+    return pyarrow.concat_tables(parts).to_pandas().head(rows) if parts else pd.DataFrame(columns=columns)
+
+
+def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
+    """A whole split, into memory."""
+    tables = [pq.read_table(f, columns=columns) for f in files(path)]
+    return pyarrow.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=columns)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One row group of one shard: what a loader reads at a time."""
+
+    file: str
+    row_group: int
+    rows: int
+
+
+def units(path: str) -> list[Unit]:
+    """Every row group of a split, from the files' footers alone."""
+    out = []
+    for f in files(path):
+        meta = pq.ParquetFile(f).metadata
+        out += [Unit(f, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+    return out
+
+
+def size_bytes(path: str) -> int:
+    return sum(os.path.getsize(f) for f in files(path))
+
+
+def batches_per_epoch(rows: int, batch_size: int) -> int:
+    return math.floor(rows / batch_size)
+
+
+def content_sha256(path: str) -> str:
+    """sha256 over the split's files in order (names and bytes): what a test set is recognised by."""
+    digest = hashlib.sha256()
+    for f in files(path):
+        digest.update(Path(f).name.encode() + b"\0")
+        with open(f, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

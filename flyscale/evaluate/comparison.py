@@ -1,0 +1,71 @@
+"""The quantized model against the fp32 one, measured side by side in one process: accuracy,
+size and latency, the numbers the `quantization` gate judges and MLflow records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
+from flyscale.evaluate.metrics import EvalMetrics
+
+
+@dataclass
+class Comparison:
+    """fp32 against int8 on the same test split and the same synthetic latency inputs."""
+
+    quantizer: str = ""
+    accuracy_drop: float = 0.0  # fp32 accuracy - int8 accuracy
+    size_ratio: float = 0.0  # fp32 size / int8 size
+    fp32_latency: LatencyReport = field(default_factory=LatencyReport)
+    int8_latency: LatencyReport = field(default_factory=LatencyReport)
+
+    def speedup(self) -> dict[int, float]:
+        """{batch size: fp32 p50 / int8 p50}."""
+        fp32 = dict(zip(self.fp32_latency.batch_sizes, self.fp32_latency.p50_ms))
+        return {
+            b: fp32[b] / p50
+            for b, p50 in zip(self.int8_latency.batch_sizes, self.int8_latency.p50_ms)
+            if b in fp32 and p50 > 0
+        }
+
+    def scalars(self) -> dict[str, float]:
+        """What gates see and MLflow records: both models' latency, the speed-ups, size and drop."""
+        return {
+            **self.fp32_latency.scalars(),
+            **self.int8_latency.scalars("int8_"),
+            **{f"int8_speedup_b{b}": s for b, s in self.speedup().items()},
+            "int8_size_ratio": self.size_ratio,
+            "int8_accuracy_drop": self.accuracy_drop,
+        }
+
+    def lines(self) -> list[str]:
+        """One line per batch size, for the run summary."""
+        speedup = self.speedup()
+        rows = zip(
+            self.fp32_latency.batch_sizes,
+            self.fp32_latency.p50_ms,
+            self.fp32_latency.p99_ms,
+            self.int8_latency.p50_ms,
+            self.int8_latency.p99_ms,
+        )
+        return [
+            f"batch {b:>3}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   "
+            f"{speedup.get(b, 0):.2f}x"
+            for b, f50, f99, i50, i99 in rows
+        ]
+
+
+def compare(
+    fp32_model: nn.Module, int8_model: nn.Module, quantizer: str, fp32: EvalMetrics, int8: EvalMetrics, n_features: int
+) -> Comparison:
+    """Time both models side by side (interleaved, so machine drift hits both) and compare."""
+    reports = measure_side_by_side({"fp32": fp32_model, "int8": int8_model}, n_features, BATCH_SIZES, budget_s=0.5)
+    return Comparison(
+        quantizer=quantizer,
+        accuracy_drop=fp32.accuracy - int8.accuracy,
+        size_ratio=fp32.size_bytes / max(int8.size_bytes, 1),
+        fp32_latency=reports["fp32"],
+        int8_latency=reports["int8"],
+    )

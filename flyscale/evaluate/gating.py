@@ -1,0 +1,86 @@
+"""Gate decisions: every configured gate plugin judges the candidate's numbers against the
+champion read when the gates run, and the judgment keeps that champion with the verdicts, so
+registration can promote on exactly the facts the verdicts were made on. A model is published
+only when every gate passed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from flyscale.config import GateConfig, GatesConfig
+from flyscale.plugin.contracts import GateVerdict, as_gate_verdict
+
+
+@dataclass
+class ChampionRef:
+    """The champion a candidate is judged against; `version == ""` when there is none."""
+
+    model_name: str
+    alias: str
+    version: str = ""
+    run_id: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # its test metrics, without the test_ prefix
+    test_sha256: str = ""  # the fingerprint of the test data those metrics were measured on
+
+    def label(self) -> str:
+        return f"v{self.version}" if self.version else "no champion"
+
+    def test_data(self, test_sha256: str) -> str:
+        """How the champion's test data compares with a candidate's: "same", "other", or
+        "unknown" (no champion, or a fingerprint missing on either side)."""
+        if not (self.version and self.test_sha256 and test_sha256):
+            return "unknown"
+        return "same" if self.test_sha256 == test_sha256 else "other"
+
+    def for_gate(self, test_data: str) -> dict[str, float] | None:
+        """What a gate plugin receives: the champion's metrics and version, and whether it was
+        tested on this run's test data (1.0, or 0.0 when it is known to be other data), or None
+        when there is no champion. `test_data` is `self.test_data(...)`."""
+        if not self.version:
+            return None
+        return {**self.metrics, "version": float(self.version), "same_test_data": 0.0 if test_data == "other" else 1.0}
+
+
+@dataclass
+class Judgment:
+    """Every gate's verdict, whether all passed, and the champion they were judged against."""
+
+    verdicts: list[GateVerdict]
+    champion: ChampionRef
+    passed: bool = False
+    test_data: str = ""  # how the test data compared with the champion's, in words ("" = no champion)
+    failed: list[str] = field(default_factory=list)  # the failed gates' reasons
+
+    @property
+    def verdict(self) -> GateVerdict:
+        """The first failed verdict, or the first verdict (for one-gate callers)."""
+        return next((v for v in self.verdicts if not v.passed), self.verdicts[0])
+
+
+def judge_one(cfg: GateConfig, metrics: Mapping[str, float], champion: Mapping[str, float] | None) -> GateVerdict:
+    """One gate's verdict as flyscale's GateVerdict, whatever object the plugin returned."""
+    r = cfg.plugin
+    return as_gate_verdict(r.plugin.check(dict(metrics), r.options, champion), f"gate {cfg.name!r}")
+
+
+def judge(
+    cfg: GatesConfig | GateConfig, metrics: Mapping[str, float], champion: ChampionRef, test_sha256: str = ""
+) -> Judgment:
+    """Every gate, in order; the champion's test data compared with this run's and said."""
+    gates = cfg.gates if isinstance(cfg, GatesConfig) else [cfg]
+    match = champion.test_data(test_sha256)  # once: what the gates receive and what the summary says
+    verdicts = [judge_one(g, metrics, champion.for_gate(match)) for g in gates]
+    test_data = ""
+    if champion.version:
+        if match == "unknown":
+            test_data = f"champion {champion.label()} recorded no test-data fingerprint: compared as given"
+        elif match == "same":
+            test_data = f"the same test data as champion {champion.label()} ({test_sha256[:12]})"
+        else:
+            test_data = (
+                f"OTHER test data than champion {champion.label()} (its {champion.test_sha256[:12]}, this "
+                f"run's {test_sha256[:12]}): its metrics were measured on its own test set"
+            )
+    passed = bool(verdicts) and all(v.passed for v in verdicts)
+    return Judgment(verdicts, champion, passed, test_data, [f"{v.name}: {v.reason}" for v in verdicts if not v.passed])

@@ -1,0 +1,44 @@
+"""Post-training quantization by the configured quantizer plugin, and the empty int8
+architecture that saved int8 weights load into."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from flyscale.config import QuantizeConfig
+from flyscale.model import as_module
+from flyscale.plugin.contracts import DatasetInfo
+
+
+def quantize(model: nn.Module, cfg: QuantizeConfig, calibration: Sequence[torch.Tensor] | None = None) -> nn.Module:
+    """A quantized copy of `model` by the configured quantizer.
+
+    `calibration`: float32 feature batches of the training split, (batch, n_features) each, for
+    a quantizer that calibrates (`calibrates = True`); others never see it.
+    """
+    r = cfg.plugin
+    where = f"quantizer {cfg.name!r}"
+    if not r.attribute("calibrates"):
+        return as_module(r.plugin.quantize(model, r.options), f"{where}: quantize()")
+    if not calibration:
+        raise ValueError(
+            f"{where} calibrates on data: pass calibration, a list of float32 feature batches "
+            "(batch, n_features) from the training split (e.g. flyscale.data.source.calibration_batches)"
+        )
+    return as_module(r.plugin.quantize(model, r.options, list(calibration)), f"{where}: quantize()")
+
+
+def rebuild_quantized(model: nn.Module, cfg: QuantizeConfig, info: DatasetInfo) -> nn.Module:
+    """An empty int8 module of `model`'s quantized architecture, to `load_state` saved int8 weights into.
+
+    A calibrating quantizer is calibrated on a synthetic batch of the right shape: the real
+    scales and zero points are buffers of the saved state_dict and replace these on loading.
+    """
+    calibration = None
+    if cfg.plugin.attribute("calibrates"):
+        g = torch.Generator().manual_seed(0)
+        calibration = [torch.randn(8, len(info.feature_columns), generator=g)]
+    return quantize(model, cfg, calibration)

@@ -1,0 +1,61 @@
+"""The model a config describes, built by its plugin, and its weights between tasks.
+
+Weights travel as state_dict files, loaded with `weights_only=True` (never pickled modules:
+flytekit's torch transformers unpickle, and torch>=2.6 refuses that)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+from torch import nn
+
+from flyscale.config import ModelConfig
+from flyscale.plugin.contracts import DatasetInfo
+
+
+def as_module(value: Any, what: str) -> nn.Module:
+    """`value` if it is a torch module; a TypeError naming the plugin call otherwise."""
+    if not isinstance(value, nn.Module):
+        raise TypeError(f"{what} returned {type(value).__name__}, expected a torch.nn.Module")
+    return value
+
+
+def build_model(cfg: ModelConfig, info: DatasetInfo, *, meta: bool = False) -> nn.Module:
+    """A freshly initialised model from the configured plugin; `meta`: shapes only, on the meta
+    device, for a strategy that materialises its own part (flyscale.train.meta)."""
+    r = cfg.plugin
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        return as_module(r.plugin.build(r.options, info), f"model {cfg.name!r}: build()")
+
+
+def save_state(model: nn.Module, name: str) -> str:
+    """Write `model`'s state_dict to a fresh file that outlives this process; returns its path."""
+    path = os.path.join(tempfile.mkdtemp(prefix="flyscale-"), name)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes: the identity of a weights file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_state(model: nn.Module, path: str) -> nn.Module:
+    """Load weights saved by `save_state` into `model` (same architecture)."""
+    with warnings.catch_warnings():
+        # torch's own loader of quantized tensors (torch/_utils.py _rebuild_qtensor) reads a
+        # TypedStorage's device and warns of its deprecation: nothing of ours to change.
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state)
+    return model.eval()

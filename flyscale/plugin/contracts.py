@@ -1,0 +1,235 @@
+"""What crosses a plugin boundary: the Protocol each kind of plugin satisfies, the types plugins
+hand back, and the conversion of a plugin's own objects into those types.
+
+flyscale uses a plugin by its shape: an object (or a class with a no-argument constructor)
+registered under an entry point, e.g. in the plugin package's pyproject.toml:
+
+    [project.entry-points."flyscale.models"]
+    acme_resnet = "acme_flyscale.models:resnet"
+
+When the registry loads a plugin it checks it against its kind's Protocol below (every method
+present, callable, and accepting the arguments flyscale passes), so a plugin of the wrong shape
+is refused before any task starts. What a plugin returns (a dataset's info, a gate's verdict)
+may be any object with the fields of `DatasetInfo` or `GateVerdict`, or a mapping of them:
+flyscale converts it where it receives it. Plugin authors who want the types import them from
+`flyscale.api`, the stable re-export of this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry load without torch (3 s)
+    import pandas as pd
+    from torch import nn
+
+
+@dataclass
+class DatasetInfo:
+    """Shape facts the model builder, augmentation and evaluation need; travels between tasks."""
+
+    name: str
+    num_classes: int
+    input_shape: list[int]  # per-example shape, e.g. [1, 8, 8]; features are stored flattened
+    feature_columns: list[str]
+    label_column: str = "label"
+    # {column: [min, max]} the dataset guarantees; augmented rows are clipped back inside them.
+    feature_ranges: dict[str, list[float]] = field(default_factory=dict)
+    feature_dtypes: dict[str, str] = field(default_factory=dict)  # {column: type as stored}, where known
+    # What the dataset inferred from the data instead of being told ("features", "num_classes"):
+    # flyscale pins it with the model and holds later batches to it.
+    inferred: list[str] = field(default_factory=list)
+
+
+# Columns a dataset's load() may add to say where each row came from; flyscale keeps them out of
+# the checks and puts them beside every quarantined row.
+SOURCE_FILE = "_source_file"
+SOURCE_ROW = "_source_row"
+
+
+@dataclass
+class GateVerdict:
+    """A gate's decision, with the reason a person reads in the summary and in MLflow."""
+
+    name: str
+    passed: bool
+    reason: str
+
+
+class DatasetPlugin(Protocol):
+    """A source of labelled rows: one `label` column plus numeric feature columns.
+
+    Optional: `row_schema(options)`, a pandera DataFrameSchema whose row-level failures send
+    rows to quarantine (without one, flyscale checks what `info` declares: finite features
+    inside `feature_ranges`, labels in [0, num_classes), no other columns); `options_type` (a
+    dataclass of the plugin's options, or None); `default_augmentations` (augmentation names
+    that fit this data, used when the config leaves `augment.names` unset; none if absent);
+    `fingerprint(options) -> str`, a cheap identity of the data as it is now (the built-in
+    file datasets use each file's size and modification time, so a rewrite that keeps both is not
+    seen): every run takes it, and loading re-runs only when it changes. Without one, every run loads the data to hash its content.
+    `streaming = True` with `chunks(options)`, an iterator of frames like `load`'s: the data is
+    larger than memory, so flyscale validates it chunk by chunk and training streams it.
+    """
+
+    def load(self, options: Any) -> pd.DataFrame: ...
+
+    def info(self, options: Any) -> DatasetInfo: ...
+
+
+class ModelPlugin(Protocol):
+    """Builds a fresh model: any nn.Module for DDP. The pipeline strategy (and activation
+    checkpointing) split it between layers, so for them return an `nn.Sequential`."""
+
+    def build(self, options: Any, info: DatasetInfo) -> nn.Module: ...
+
+
+class AugmentationPlugin(Protocol):
+    """Transforms a batch of examples, shape (N, *input_shape), deterministically given `rng`.
+
+    The result keeps the batch's shape. flyscale clips it into the dataset's `feature_ranges`.
+    """
+
+    def __call__(self, x: np.ndarray, rng: np.random.Generator, options: Any) -> np.ndarray: ...
+
+
+class StrategyPlugin(Protocol):
+    """Trains `model` on every rank of the job; rank 0's result holds the whole trained model.
+
+    `hooks` (flyscale.api.Hooks) carry the training task's checkpointer and its per-epoch
+    listeners (MLflow's live curves): pass them on to `fit(..., hooks=hooks)` unchanged.
+    Optional attribute `per_worker_batch` (default True): `train.batch_size` rows per worker,
+    as in data parallelism; False when every worker sees the same global batch (pipelining).
+    Optional attribute `meta_model` (default False): True to receive the model on the meta
+    device, for a strategy that materialises only its own part.
+    """
+
+    # data: flyscale.api.TrainData, cfg: TrainConfig, ctx: DistContext, hooks: Hooks; returns a
+    # TrainResult. (Those live with the training loop, which is built on config, which is built on
+    # this module.)
+    def __call__(self, model: nn.Module, data: Any, cfg: Any, ctx: Any, options: Any, hooks: Any) -> Any: ...
+
+
+class QuantizerPlugin(Protocol):
+    """Returns a quantized copy of a trained float model (the input is left untouched).
+
+    Optional attribute `calibrates` (default False): True when the quantizer observes data (static
+    quantization). flyscale then calls `quantize(model, options, calibration)`, calibration a
+    list of float32 feature batches of the training split, each (batch, n_features) flattened
+    as every model receives them. Its output's architecture must depend on the model alone, not
+    on the calibration values: to load saved int8 weights, flyscale rebuilds the architecture by
+    calibrating on a synthetic batch, and the state_dict brings back the real scales.
+    """
+
+    def quantize(self, model: nn.Module, options: Any) -> nn.Module: ...
+
+
+class GatePlugin(Protocol):
+    """Decides whether a candidate's test metrics are good enough to publish."""
+
+    def check(
+        self, metrics: Mapping[str, float], options: Any, champion: Mapping[str, float] | None
+    ) -> GateVerdict: ...
+
+
+# What to change, for a method whose arguments changed since plugins were first written against it.
+SIGNATURE_HINTS: dict[tuple[str, str], str] = {
+    ("strategies", "__call__"): "take `hooks` after `options` and pass it to fit(..., hooks=hooks): it carries the "
+    "run's checkpointer and live MLflow curves",
+}
+
+# Methods a kind may leave out, and the arguments flyscale passes when it is there.
+OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
+    "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"]},
+}
+
+# Attributes every kind may declare, and their value when a plugin leaves them out.
+OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
+    "datasets": {"options_type": None, "default_augmentations": (), "streaming": False},
+    "models": {"options_type": None},
+    "augmentations": {"options_type": None},
+    "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
+    "quantizers": {"options_type": None, "calibrates": False},
+    "gates": {"options_type": None},
+}
+
+# An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.
+REQUIRED_WHEN: dict[str, dict[str, str]] = {
+    "datasets": {"streaming": "chunks"},
+}
+
+# An attribute that, when a plugin sets it true, makes flyscale pass a method more arguments:
+# {kind: {attribute: (method, [argument names])}}.
+ARGUMENTS_WHEN: dict[str, dict[str, tuple[str, list[str]]]] = {
+    "quantizers": {"calibrates": ("quantize", ["model", "options", "calibration"])},
+}
+
+PROTOCOLS: dict[str, type] = {
+    "datasets": DatasetPlugin,
+    "models": ModelPlugin,
+    "augmentations": AugmentationPlugin,
+    "strategies": StrategyPlugin,
+    "quantizers": QuantizerPlugin,
+    "gates": GatePlugin,
+}
+
+
+def _fields(obj: Any, names: Sequence[str], what: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Read `names` from an object's attributes or a mapping's keys; name what is missing."""
+    get = obj.get if isinstance(obj, Mapping) else lambda n, d=None: getattr(obj, n, d)
+    missing = object()
+    out = {}
+    for name in names:
+        value = get(name, missing)
+        if value is missing:
+            if name not in defaults:
+                raise TypeError(f"{what} has no field {name!r} (got {type(obj).__name__}: {obj!r})")
+            value = defaults[name]
+        out[name] = value
+    return out
+
+
+def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
+    """Any object with DatasetInfo's fields, as a DatasetInfo; `where` names the plugin."""
+    if isinstance(obj, DatasetInfo):
+        return obj
+    names = (
+        "name",
+        "num_classes",
+        "input_shape",
+        "feature_columns",
+        "label_column",
+        "feature_ranges",
+        "feature_dtypes",
+        "inferred",
+    )
+    defaults = {"label_column": "label", "feature_ranges": {}, "feature_dtypes": {}, "inferred": []}
+    f = _fields(obj, names, f"{where}: info()", defaults)
+    try:
+        return DatasetInfo(
+            name=str(f["name"]),
+            num_classes=int(f["num_classes"]),
+            input_shape=[int(d) for d in f["input_shape"]],
+            feature_columns=[str(c) for c in f["feature_columns"]],
+            label_column=str(f["label_column"]),
+            feature_ranges={str(k): [float(lo), float(hi)] for k, (lo, hi) in dict(f["feature_ranges"]).items()},
+            feature_dtypes={str(k): str(v) for k, v in dict(f["feature_dtypes"]).items()},
+            inferred=[str(v) for v in f["inferred"]],
+        )
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{where}: info() returned fields of the wrong type: {exc}") from exc
+
+
+def as_gate_verdict(obj: Any, where: str) -> GateVerdict:
+    """Any object with GateVerdict's fields, as a GateVerdict; `where` names the plugin."""
+    if isinstance(obj, GateVerdict):
+        return obj
+    f = _fields(obj, ("name", "passed", "reason"), f"{where}: check()", {})
+    passed = f["passed"]
+    # A verdict decides publication: only a real boolean counts, never a truthy string or list.
+    if not isinstance(passed, (bool, np.bool_)):
+        raise TypeError(f"{where}: check() returned passed={passed!r}; it must be True or False")
+    return GateVerdict(name=str(f["name"]), passed=bool(passed), reason=str(f["reason"]))

@@ -1,0 +1,134 @@
+"""The run summary: the workflow's output, printed by `pyflyte run` at the end of a local run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flyscale.data.source import DataFingerprint
+from flyscale.data.validation import ValidationReport
+from flyscale.evaluate.comparison import Comparison
+from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.flyte.provenance import CacheReport
+from flyscale.plugin.contracts import GateVerdict
+from flyscale.tracking.publish import Registration
+from flyscale.tracking.registration import Candidate, resumed
+from flyscale.train.preflight import PreflightReport
+
+# MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's
+# last choice) says "machine learning"; this path lands on the runs table.
+RUNS_VIEW = "#/experiments/{id}?workflowType=machine_learning"
+
+
+def _ui_command(uri: str, experiment_id: str) -> str:
+    page = RUNS_VIEW.format(id=experiment_id)
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri.rstrip('/')}/{page}"
+    return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000/{page}"
+
+
+@dataclass
+class RunSummary:
+    """What one pipeline run did, in numbers a person checks first."""
+
+    validation: ValidationReport
+    fp32: EvalMetrics
+    int8: EvalMetrics
+    verdicts: list[GateVerdict]
+    registration: Registration
+    preflight: PreflightReport
+    fingerprint: DataFingerprint
+    cache: CacheReport | None = None  # filled in by the last task of each execution
+    comparison: Comparison | None = None  # int8 against fp32, latency side by side
+    test_data: str = ""  # the test data against the champion's
+    resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
+    diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
+
+    @classmethod
+    def of(cls, candidate: Candidate, registration: Registration) -> RunSummary:
+        """The summary of a registered (or recorded) candidate."""
+        c = candidate
+        return cls(
+            validation=c.report,
+            fp32=c.fp32,
+            int8=c.int8,
+            verdicts=c.judgment.verdicts,
+            registration=registration,
+            preflight=c.preflight,
+            fingerprint=c.fingerprint,
+            comparison=c.comparison,
+            test_data=c.judgment.test_data,
+            resumed=resumed(c.history),
+            diagnosis=c.history.diagnosis,
+        )
+
+    def __str__(self) -> str:
+        r, v = self.registration, self.validation
+        lines = [
+            "",
+            "flyscale run summary",
+            f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined"
+            + (
+                f" ({', '.join(f'{k}: {n}' for k, n in sorted(v.checks.items(), key=lambda kv: -kv[1])[:3])})"
+                if v.checks
+                else ""
+            ),
+            f"  reference   {v.reference or 'none yet (the first model of this name)'}"
+            + (
+                f"; drift max PSI {max(v.drift.values()):.3f} ({max(v.drift, key=lambda k: v.drift[k])})"
+                if v.drift
+                else ""
+            ),
+            f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
+            f"  fp32        test accuracy {self.fp32.accuracy:.4f}  macro-F1 {self.fp32.macro_f1:.4f}  "
+            f"size {self.fp32.size_bytes / 1024:.1f} KiB",
+            f"  int8        test accuracy {self.int8.accuracy:.4f}  macro-F1 {self.int8.macro_f1:.4f}  "
+            f"size {self.int8.size_bytes / 1024:.1f} KiB  (drop {self.fp32.accuracy - self.int8.accuracy:+.4f}, "
+            f"{self.fp32.size_bytes / max(self.int8.size_bytes, 1):.2f}x smaller)",
+        ]
+        if self.resumed:
+            lines.append(f"  training    {self.resumed}")
+        if self.diagnosis:
+            lines.append(f"  warning     {self.diagnosis}")
+        p = self.preflight
+        if p.steps:
+            lines.append(
+                f"  preflight   PASSED: {p.steps} steps at world size 1 vs {p.world_size}, "
+                f"max relative loss difference {p.max_rel_diff:.1e} (tolerance {p.rtol:.0e})"
+            )
+            if p.slower_with_workers:
+                lines.append(f"  warning     {p.slower_with_workers}")
+        if self.comparison is not None:
+            lines += [f"  latency     {line}" for line in self.comparison.lines()]
+        for g in self.verdicts:
+            lines.append(f"  gate        {g.name}: {'PASSED' if g.passed else 'FAILED'} ({g.reason})")
+        judged = f"v{r.judged_against}" if r.judged_against else "no champion"
+        champion = f"alias '{r.alias}' -> these versions" if r.champion else f"alias '{r.alias}' NOT moved"
+        lines.append(f"  judged      against {judged} ('{r.alias}' when the gate ran)")
+        if self.test_data:
+            lines.append(f"  test data   {self.test_data}")
+        lines.append(f"  mlflow      run {r.run_id} (experiment {r.experiment_id}) at {r.tracking_uri}")
+        if r.run_name:
+            lines.append(f"  run name    {r.run_name}")
+        if r.model_version:
+            again = " (this training run was registered before: no new version)" if r.reused else ""
+            lines.append(
+                f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}"
+                f"{again}; {champion}"
+            )
+        else:
+            lines.append("  registered  no version: the candidate and its models are logged with the run only")
+        lines.append(f"  promotion   {r.promotion}")
+        if self.cache is not None:
+            c = self.cache
+            lines.append(
+                f"  cache       ran {', '.join(c.ran) or 'nothing'}; from the cache: {', '.join(c.cached) or 'nothing'}"
+            )
+            lines.append(
+                f"              always run: {', '.join(c.always)} (they read the data and the champion as they are now)"
+            )
+            if "register_model" in c.cached:
+                lines.append(
+                    "              registration is the cached one of an earlier execution: nothing was registered again"
+                )
+        lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri, r.experiment_id)}")
+        return "\n".join(lines)

@@ -1,0 +1,250 @@
+"""The champion alias, read and moved on the facts of this run.
+
+- Reading fails closed: only "no such registered model" (or a model without the alias) means
+  there is no champion. Any other MLflow error, after MLflow's own bounded retries, fails the run
+  with a retryable error: a 503 is never read as "nothing there".
+- A candidate is judged against the current champion, unless the champion is this very
+  candidate (same weights): a rerun of the run that won is judged against what it beat, so it
+  replays its verdict instead of losing to itself.
+- Moving the alias is a compare-and-set: under a lock held in MLflow itself, the alias moves only
+  if it still points at the champion the verdict was judged against. Otherwise the candidate is
+  refused, with the reason, and the run says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from flyscale.config import MlflowConfig
+from flyscale.evaluate.gating import ChampionRef
+from flyscale.tracking.store import (
+    MlflowUnavailable,
+    client_settings,
+    mlflow_errors,
+    tracking_uri,
+)
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_TAG = "flyscale.weights_sha256"  # on every version flyscale registers
+TEST_DATA_TAG = "flyscale.test_data_sha256"  # on each version: the fingerprint of the test split it was scored on
+JUDGED_TAG = "flyscale.judged_against_version"  # on each version: the champion it was judged against ("" = none)
+LOCK_SUFFIX = ".promotion-lock"
+
+
+@dataclass
+class Promotion:
+    """Whether the alias moved to this run's versions, and why (or why not)."""
+
+    moved: bool
+    reason: str
+
+
+def _missing(exc: Exception) -> bool:
+    return getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
+
+
+def current_version(client, model_name: str, alias: str):
+    """The ModelVersion `alias` points at, or None when the model or the alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(model_name)
+    except MlflowException as exc:
+        if _missing(exc):
+            return None
+        raise
+    version = model.aliases.get(alias)
+    return client.get_model_version(model_name, version) if version else None
+
+
+def _ref(client, model_name: str, alias: str, version) -> ChampionRef:
+    if version is None:
+        return ChampionRef(model_name, alias)
+    run_id = version.tags.get("flyscale.run_id") or version.run_id
+    metrics = client.get_run(run_id).data.metrics
+    found = {k.removeprefix("test_"): float(v) for k, v in metrics.items() if k.startswith("test_")}
+    return ChampionRef(model_name, alias, str(version.version), run_id, found, version.tags.get(TEST_DATA_TAG, ""))
+
+
+def baseline(client, model_name: str, alias: str, candidate_sha256: str) -> ChampionRef:
+    """The champion a candidate with these weights is judged against (see the module docstring)."""
+    from mlflow.exceptions import MlflowException
+
+    champion = current_version(client, model_name, alias)
+    if champion is not None and champion.tags.get(WEIGHTS_TAG) == candidate_sha256:
+        beaten = champion.tags.get(JUDGED_TAG, "")
+        try:
+            champion = client.get_model_version(model_name, beaten) if beaten else None
+        except MlflowException as exc:
+            if not _missing(exc):
+                raise
+            champion = None  # the version it beat was deleted since: nothing left to compare with
+    return _ref(client, model_name, alias, champion)
+
+
+@contextlib.contextmanager
+def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) -> Iterator[None]:
+    """Mutual exclusion for moving the alias, held in MLflow so that it spans machines.
+
+    Creating a registered model is atomic (a second create of the same name fails), so the lock is
+    a registered model named `<model>.promotion-lock`, deleted on release. A lock older than
+    `stale_s` was left by a run that died holding it, and is broken.
+    """
+    from mlflow.exceptions import MlflowException
+
+    name = model_name + LOCK_SUFFIX
+    holder = f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+    deadline, said = time.monotonic() + timeout_s, False
+    while True:
+        try:
+            client.create_registered_model(
+                name,
+                tags={"flyscale.holder": holder, "flyscale.acquired_at": str(time.time())},
+                description=f"held by a flyscale run while it moves the alias of {model_name}; deleted on release",
+            )
+            break
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        if _break_if_stale(client, name, stale_s):
+            continue
+        if time.monotonic() > deadline:
+            raise MlflowUnavailable(
+                f"another run holds {name!r} (waited {timeout_s:.0f} s; mlflow.lock_timeout_s). If no run is "
+                f"promoting {model_name}, delete that registered model and retry."
+            )
+        if not said:
+            log.warning("waiting for %r: another run is moving the alias of %s", name, model_name)
+            said = True
+        time.sleep(0.25)
+    try:
+        yield
+    finally:
+        try:
+            client.delete_registered_model(name)
+        except MlflowException as exc:  # the alias has moved (or not) already: do not undo that over a lock
+            log.warning(
+                "could not release %r (%s); it is broken after %.0f s (mlflow.lock_stale_s)", name, exc, stale_s
+            )
+
+
+def _break_if_stale(client, name: str, stale_s: float) -> bool:
+    """Delete the lock if it is older than `stale_s`; True when it was broken."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tags = client.get_registered_model(name).tags
+    except MlflowException as exc:
+        if _missing(exc):
+            return True  # released meanwhile: try again at once
+        raise
+    acquired = float(tags.get("flyscale.acquired_at", "inf"))
+    if time.time() - acquired < stale_s:
+        return False
+    log.warning(
+        "breaking %r: taken at %s by %s, more than %.0f s ago", name, acquired, tags.get("flyscale.holder"), stale_s
+    )
+    with contextlib.suppress(MlflowException):  # someone else broke it first
+        client.delete_registered_model(name)
+    return True
+
+
+def promote(
+    client,
+    versions: list[tuple[str, str]],
+    alias: str,
+    judged: ChampionRef,
+    candidate_sha256: str,
+    lock_timeout_s: float,
+    lock_stale_s: float,
+) -> Promotion:
+    """Move `alias` of each (model, version) only if the first model's alias still points at
+    `judged` (or at a version with these very weights). All or none of them move."""
+    from mlflow.exceptions import MlflowException
+
+    model_name, version = versions[0]
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+        now = current_version(client, model_name, alias)
+        now_label = f"v{now.version}" if now is not None else "no champion"
+        same = (str(now.version) if now is not None else "") == judged.version
+        if not same and not (now is not None and now.tags.get(WEIGHTS_TAG) == candidate_sha256):
+            return Promotion(
+                False,
+                (
+                    f"not promoted: '{alias}' moved from {judged.label()} to {now_label} while this run was being "
+                    f"judged against {judged.label()}; refusing rather than promoting on a stale verdict. Rerun to "
+                    f"judge against {now_label}."
+                ),
+            )
+        moved: list[tuple[str, str | None]] = []
+        try:
+            for name, v in versions:
+                before = current_version(client, name, alias)
+                client.set_registered_model_alias(name, alias, v)
+                moved.append((name, str(before.version) if before is not None else None))
+        except MlflowException:
+            for name, before in moved:  # all or none: put back what this loop already moved
+                with contextlib.suppress(MlflowException):
+                    if before is None:
+                        client.delete_registered_model_alias(name, alias)
+                    else:
+                        client.set_registered_model_alias(name, alias, before)
+            raise
+    return Promotion(True, f"'{alias}' moved from {judged.label()} to v{version}")
+
+
+def move_alias(
+    client,
+    model_name: str,
+    alias: str,
+    to_version: str,
+    action: str,
+    who: str,
+    why: str,
+    lock_timeout_s: float = 120.0,
+    lock_stale_s: float = 600.0,
+) -> str:
+    """Point `alias` of the model, and of its int8 twin, at `to_version` (a person's decision:
+    `flyscale rollback` or `flyscale promote`), under the promotion lock; who and why are recorded
+    as tags on the version and on the model. Returns what happened, in words."""
+    from mlflow.exceptions import MlflowException
+
+    if not why.strip():
+        raise ValueError(f"say why you {action} (--reason): it is recorded with the alias move")
+    try:
+        target = client.get_model_version(model_name, to_version)
+    except MlflowException as exc:
+        if _missing(exc):
+            raise ValueError(f"{model_name!r} has no version {to_version!r}") from None
+        raise
+    moves = [(model_name, str(target.version))]
+    run_id = target.tags.get("flyscale.run_id") or target.run_id
+    twins = client.search_model_versions(f"name = '{model_name}-int8' and tags.`flyscale.run_id` = '{run_id}'")
+    if twins:
+        moves.append((f"{model_name}-int8", str(twins[0].version)))
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+        before = current_version(client, model_name, alias)
+        note = (
+            f"{action} by {who} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: '{alias}' "
+            f"from {f'v{before.version}' if before is not None else 'no version'} to v{target.version}: {why}"
+        )
+        for name, version in moves:
+            client.set_registered_model_alias(name, alias, version)
+            client.set_model_version_tag(name, version, f"flyscale.{action}", note)
+            client.set_registered_model_tag(name, "flyscale.last_alias_move", note)
+    return note + (f" (and {moves[1][0]} v{moves[1][1]})" if len(moves) > 1 else "")
+
+
+def read_baseline(cfg: MlflowConfig, candidate_sha256: str) -> ChampionRef:
+    """The champion a candidate is judged against, read live from the store (fails closed)."""
+    from mlflow import MlflowClient
+
+    with client_settings(cfg), mlflow_errors(f"reading the {cfg.alias!r} of {cfg.model_name!r}"):
+        return baseline(MlflowClient(tracking_uri()), cfg.model_name, cfg.alias, candidate_sha256)

@@ -1,0 +1,99 @@
+"""The execution's MLflow run while training runs: rank 0 logs every epoch to it as the epoch
+ends, and the workflow's failure handler ends the runs a failed execution left RUNNING."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flyscale.config import MlflowConfig
+from flyscale.tracking.store import (
+    EXECUTION_TAG,
+    MAX_PARAM_CHARS,
+    client_settings,
+    tracking_uri,
+    use_experiment,
+)
+
+log = logging.getLogger(__name__)
+
+
+class LiveRun:
+    """The execution's MLflow run, opened by training's rank 0, which logs every epoch to it as
+    the epoch ends, so the curves grow in the UI while training runs. Best effort: MLflow being
+    away costs the live curves (registration logs them afterwards), never the training."""
+
+    def __init__(self, cfg: MlflowConfig, name: str, started_at: float, execution: str):
+        self.run_id, self._client = "", None
+        try:
+            from mlflow import MlflowClient
+
+            with client_settings(cfg):
+                client = MlflowClient(tracking_uri())
+                experiment = use_experiment(client, cfg.experiment)
+                # A restarted worker group or a retried task carries on with the run it had opened.
+                earlier = client.search_runs(
+                    [experiment],
+                    max_results=1,
+                    filter_string=f"tags.`{EXECUTION_TAG}` = '{execution}' and tags.`flyscale.live` = 'training' "
+                    f"and attributes.status = 'RUNNING' and attributes.start_time = {int(started_at * 1000)}",
+                )
+                # The execution tag lets the workflow's failure handler find and close this run.
+                run = (
+                    earlier[0]
+                    if earlier
+                    else client.create_run(
+                        experiment,
+                        start_time=int(started_at * 1000),
+                        run_name=name,
+                        tags={"flyscale.live": "training", EXECUTION_TAG: execution},
+                    )
+                )
+            self.run_id, self._client, self._cfg = run.info.run_id, client, cfg
+            log.info(
+                "training curves live in MLflow: run %s (%s)%s", self.run_id, name, " (continued)" if earlier else ""
+            )
+        except Exception as exc:  # noqa: BLE001 (any failure of the store: train on, log later)
+            log.warning("MLflow is not reachable for live training curves (%s); they are logged at registration", exc)
+
+    def epoch(self, m) -> None:
+        if self._client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, m.epoch) for k, v in m.per_epoch().items() if v is not None]
+        try:
+            with client_settings(self._cfg):
+                self._client.log_batch(self.run_id, metrics=metrics)
+        except Exception as exc:  # noqa: BLE001 (any failure of the store: train on, registration logs it)
+            log.warning("could not log epoch %d to MLflow live (%s); registration logs it", m.epoch + 1, exc)
+
+
+def close_failed_runs(cfg: MlflowConfig, execution: str, error: str) -> list[str]:
+    """Mark the runs this execution left RUNNING as FAILED, with the error as a tag; their ids.
+
+    A task after training that fails (evaluation, quantization, the gate) would otherwise leave
+    the live run RUNNING for ever. Best effort: the execution has failed already, and MLflow
+    being away must not hide why.
+    """
+    try:
+        from mlflow import MlflowClient
+
+        with client_settings(cfg):
+            client = MlflowClient(tracking_uri())
+            experiment = client.get_experiment_by_name(cfg.experiment)
+            if experiment is None:
+                return []
+            runs = client.search_runs(
+                [experiment.experiment_id],
+                filter_string=f"tags.`{EXECUTION_TAG}` = '{execution}' and attributes.status = 'RUNNING'",
+            )
+            for run in runs:
+                client.set_tag(run.info.run_id, "flyscale.failure", error[:MAX_PARAM_CHARS])
+                client.set_terminated(run.info.run_id, "FAILED")
+                log.warning("MLflow run %s marked FAILED: %s", run.info.run_id, error.splitlines()[0] if error else "")
+            return [r.info.run_id for r in runs]
+    except Exception as exc:  # noqa: BLE001 (a failure handler must not fail: the run's error is what matters)
+        log.warning("could not mark this execution's MLflow runs FAILED (%s)", exc)
+        return []

@@ -1,0 +1,36 @@
+"""What rebuilds a flyscale model from its weights: the model plugin and its options, the
+dataset info, and the quantizer that made an int8 model. Stored as JSON beside the state_dict
+in MLflow (flyscale/tracking/model_code.py), so no model is ever pickled."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from torch import nn
+
+from flyscale import model as artifacts
+from flyscale.config import ModelConfig, QuantizeConfig
+from flyscale.evaluate.quantize import rebuild_quantized
+from flyscale.plugin.contracts import DatasetInfo
+
+
+def spec_json(model_cfg: ModelConfig, info: DatasetInfo, quantize_cfg: QuantizeConfig | None) -> str:
+    """What rebuilds the architecture: plain JSON, written by the register task."""
+    return json.dumps(
+        {
+            "model": {"name": model_cfg.name, "options": model_cfg.options},
+            "info": asdict(info),
+            "quantizer": None if quantize_cfg is None else {"name": quantize_cfg.name, "options": quantize_cfg.options},
+        },
+        sort_keys=True,
+    )
+
+
+def build(spec: dict, weights_path: str) -> nn.Module:
+    """The torch module a spec and its weights describe (int8 when the spec names a quantizer)."""
+    info = DatasetInfo(**spec["info"])
+    model = artifacts.build_model(ModelConfig(**spec["model"]), info)
+    if spec.get("quantizer"):
+        model = rebuild_quantized(model, QuantizeConfig(**spec["quantizer"]), info)
+    return artifacts.load_state(model, weights_path)

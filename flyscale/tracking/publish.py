@@ -1,0 +1,195 @@
+"""MLflow: one run per pipeline execution, registered model versions, the champion alias.
+
+Only the gate and register tasks call this module, each in one process, so "only rank 0 talks
+to MLflow" holds by construction. Registration leaves the registry as it was or complete: the
+run and both models are logged first, the versions are registered next, and the alias moves
+last, by compare-and-set (flyscale/tracking/champion.py). If MLflow fails on the way, what this run
+registered is deleted again and the run fails with a retryable error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from flyscale.config import MlflowConfig
+from flyscale.tracking import champion
+from flyscale.tracking.champion import Promotion
+from flyscale.tracking.reference import _version_of
+from flyscale.tracking.run_log import ModelFiles, RunRecord, continued_run, log_model, log_run
+from flyscale.tracking.store import (
+    DATA_TAG,
+    REFERENCE_TAG,
+    REFERENCE_URI_TAG,
+    client_settings,
+    tracking_uri,
+    use_experiment,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Registration:
+    """Where a run and its models went; printed in the summary."""
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+    model_name: str
+    model_version: str  # "" when nothing was registered (a gate failed)
+    int8_model_name: str
+    int8_model_version: str
+    champion: bool  # whether the alias was moved to these versions
+    alias: str
+    promotion: str = ""  # why it moved, or why not
+    judged_against: str = ""  # the champion the verdict was judged against ("" = none)
+    run_name: str = ""
+    reused: bool = False  # these weights were registered before: the existing versions were kept
+
+
+REGISTRATION_TAG = (
+    "flyscale.registration_key"  # these weights trained on this data: one version, however often registered
+)
+
+
+def _registration_key(record: RunRecord) -> str:
+    """The identity of a training run's result: its weights and the data they were trained and
+    tested on (the same weights from other data are another run, with another lineage)."""
+    return f"{record.weights_sha256}:{record.data_sha256}"
+
+
+def _registered(client, name: str, key: str):
+    """The version of `name` already registered for this key, or None (registration is idempotent)."""
+    found = client.search_model_versions(f"name = '{name}' and tags.`{REGISTRATION_TAG}` = '{key}'")
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def publish(
+    record: RunRecord,
+    fp32: ModelFiles,
+    int8: ModelFiles,
+    example: np.ndarray,
+    cfg: MlflowConfig,
+    name: str,
+    register: bool,
+) -> Registration:
+    """Log the run and both models; when `register` (every gate passed), register them (once per
+    weights) and move the alias by compare-and-set, or set the challenger alias for a person to
+    promote. A failed candidate is logged, with its models, and registered as no version."""
+    with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
+        return _publish(record, fp32, int8, example, cfg, name, register)
+
+
+def _publish(
+    record, fp32: ModelFiles, int8: ModelFiles, example, cfg: MlflowConfig, name: str, register: bool
+) -> Registration:
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(uri)
+    experiment_id = use_experiment(client, cfg.experiment)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    passed = all(v.passed for v in record.verdicts)
+    names = (cfg.model_name, f"{cfg.model_name}-int8")
+    registered: list[tuple[str, str]] = []
+    created: list[tuple[str, str]] = []  # only what this run added is undone on failure
+    reused = False
+    live = continued_run(client, record.history)
+    # One run per execution, spanning it: the one training opened, or one that starts when the execution did.
+    run_args = (
+        {"run_id": live}
+        if live
+        else {
+            "run_id": client.create_run(
+                experiment_id, start_time=int(record.started_at * 1000), run_name=name
+            ).info.run_id
+        }
+    )
+    with mlflow.start_run(**run_args) as run, tempfile.TemporaryDirectory() as tmp:  # an exception ends it FAILED
+        try:
+            log_run(record, passed, epochs_logged=bool(live))
+            # Log both models before registering either: a failure here leaves no version behind.
+            infos = [log_model(fp32, "model", example, tmp), log_model(int8, "model_int8", example, tmp)]
+            if not register:
+                failed = "; ".join(f"{v.name}: {v.reason}" for v in record.verdicts if not v.passed)
+                promotion = Promotion(False, f"not registered: a gate failed ({failed})")
+            else:
+                tags = {
+                    "flyscale.gates": "passed",
+                    "flyscale.run_id": run.info.run_id,
+                    champion.WEIGHTS_TAG: record.weights_sha256,
+                    champion.JUDGED_TAG: record.judged_against.version,
+                    champion.TEST_DATA_TAG: record.test_sha256,
+                    DATA_TAG: record.data_sha256,
+                    REFERENCE_TAG: _version_of(record.validation.reference),
+                    REFERENCE_URI_TAG: f"{run.info.artifact_uri}/data/reference.json",
+                    **record.lineage,
+                    REGISTRATION_TAG: _registration_key(record),
+                    **{f"flyscale.gate.{v.name}": f"passed: {v.reason}" for v in record.verdicts},
+                }
+                for model_name, info in zip(names, infos):
+                    earlier = _registered(client, model_name, _registration_key(record))
+                    if earlier is not None:
+                        registered.append((model_name, str(earlier.version)))
+                        reused = True
+                        continue
+                    mv = mlflow.register_model(info.model_uri, model_name, tags=tags)
+                    registered.append((model_name, str(mv.version)))
+                    created.append((model_name, str(mv.version)))
+                if cfg.promotion == "manual":
+                    for model_name, version in registered:
+                        client.set_registered_model_alias(model_name, cfg.challenger_alias, version)
+                    promotion = Promotion(
+                        False,
+                        f"'{cfg.challenger_alias}' -> v{registered[0][1]} "
+                        f"(mlflow.promotion is manual: promote it with `flyscale promote`)",
+                    )
+                else:
+                    promotion = champion.promote(
+                        client,
+                        registered,
+                        cfg.alias,
+                        record.judged_against,
+                        record.weights_sha256,
+                        cfg.lock_timeout_s,
+                        cfg.lock_stale_s,
+                    )
+        except BaseException:
+            # Before the alias moved (promote puts it back if it fails half-way): the registry
+            # stays as it was, with no half-registered run.
+            for model_name, version in created:
+                with contextlib.suppress(MlflowException):
+                    client.delete_model_version(model_name, version)
+            raise
+        try:  # the registry is complete and consistent now; the reason is a note on it
+            mlflow.set_tag("flyscale.promotion", promotion.reason)
+            for model_name, version in created:
+                client.set_model_version_tag(model_name, version, "flyscale.promotion", promotion.reason)
+        except MlflowException as exc:
+            log.warning("could not record the promotion reason on the run: %s", exc)
+    if not promotion.moved:
+        log.warning("%r alias not moved: %s", cfg.alias, promotion.reason)
+    versions = dict(registered)
+    return Registration(
+        tracking_uri=uri,
+        experiment_id=run.info.experiment_id,
+        run_id=run.info.run_id,
+        model_name=names[0],
+        model_version=versions.get(names[0], ""),
+        int8_model_name=names[1],
+        int8_model_version=versions.get(names[1], ""),
+        champion=promotion.moved,
+        alias=cfg.alias,
+        promotion=promotion.reason,
+        judged_against=record.judged_against.version,
+        run_name=name,
+        reused=reused,
+    )

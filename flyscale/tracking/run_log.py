@@ -1,0 +1,185 @@
+"""What one execution's MLflow run holds: its params, metrics, tags and artifacts (`RunRecord`),
+and its two models, logged pickle-free (`ModelFiles`). Registering versions and moving the
+alias is `publish`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from flyscale.data.validation import ValidationReport
+from flyscale.evaluate.gating import ChampionRef
+from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.plugin.contracts import GateVerdict
+from flyscale.tracking.store import (
+    MAX_PARAM_CHARS,
+    _metric_name,
+)
+from flyscale.train.preflight import PreflightReport
+from flyscale.train.telemetry import TrainHistory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunRecord:
+    """Everything the register task writes to MLflow."""
+
+    params: dict[str, Any]
+    history: TrainHistory
+    fp32: EvalMetrics
+    int8: EvalMetrics
+    verdicts: list[GateVerdict]
+    preflight: PreflightReport
+    quarantine_dir: str  # rejected rows and why, as Parquet shards: kept with the run, never dropped silently
+    validation: ValidationReport
+    tags: dict[str, str]
+    judged_against: ChampionRef = field(default_factory=lambda: ChampionRef("", ""))
+    weights_sha256: str = ""
+    data_sha256: str = ""  # the content fingerprint of the data trained on
+    reference_json: str = ""  # this data's pinned schema and profile: the reference for later batches
+    validation_dir: str = ""  # the validation report (HTML and its plot), logged as it is
+    config: dict[str, Any] = field(default_factory=dict)  # the effective config, whole: logged as config.yaml
+    lineage: dict[str, str] = field(default_factory=dict)  # tags on every registered version
+    test_sha256: str = ""  # the fingerprint of the test split the metrics were measured on
+    metrics: dict[str, float] = field(default_factory=dict)  # further test metrics (latency, ece, per class)
+    plots_dir: str = (
+        ""  # the run's figures as PNGs (flyscale/render/plots.py draw_run), logged under plots/ as they are
+    )
+    tables: dict[str, list[dict]] = field(default_factory=dict)  # {artifact file: rows}, for mlflow.log_table
+    started_at: float = 0.0  # when the execution started (the run's start time)
+
+
+def continued_run(client, history: TrainHistory) -> str:
+    """The run training logged live in this execution (still RUNNING), or "" for a new one: a
+    cached training step's run belongs to the execution that trained it."""
+    if not history.mlflow_run_id:
+        return ""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(history.mlflow_run_id)
+    except MlflowException:
+        return ""
+    return history.mlflow_run_id if run.info.status == "RUNNING" else ""
+
+
+def _pip_requirements() -> list[str]:
+    # Naming them skips MLflow's slow requirement inference; the +cpu label is not on PyPI.
+    return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={_version('mlflow')}"]
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
+    """Params, per-epoch (unless logged live) and test metrics, tags and artifacts of the active run."""
+    import mlflow
+
+    mlflow.set_tags(
+        {
+            **record.tags,
+            "flyscale.gates": "passed" if passed else "failed",
+            "flyscale.judged_against": record.judged_against.label(),
+        }
+    )
+    # Whole values (the full config is config.yaml beside them); only a value past MLflow's own
+    # limit is cut, and it says so.
+    mlflow.log_params(
+        {
+            k: (
+                str(v)
+                if len(str(v)) <= MAX_PARAM_CHARS
+                else str(v)[: MAX_PARAM_CHARS - 40] + " ... (cut: see config.yaml)"
+            )
+            for k, v in record.params.items()
+        }
+    )
+    if record.config:
+        mlflow.log_dict(record.config, "config.yaml")  # feed it back with `pyflyte run ... --cfg config.yaml`
+    for m in record.history.epochs if not epochs_logged else []:
+        # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
+        mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
+    mlflow.log_metrics(
+        {
+            **record.fp32.scalars("test_"),
+            **record.int8.scalars("int8_test_"),
+            **{_metric_name(k): v for k, v in record.metrics.items()},
+            "int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy,
+            "validation_total_rows": record.validation.total_rows,
+            "validation_valid_rows": record.validation.valid_rows,
+            "validation_quarantined_rows": record.validation.quarantined_rows,
+            **{f"drift_psi_{_metric_name(k)}": v for k, v in record.validation.drift.items()},
+        }
+    )
+    mlflow.set_tag("flyscale.data_reference", record.validation.reference or "none")
+    for check, rows in record.validation.checks.items():
+        mlflow.set_tag(f"validation.{_metric_name(check)}", str(rows))
+    if record.preflight.steps:
+        mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
+        mlflow.set_tag(
+            "flyscale.preflight",
+            f"passed: {record.preflight.steps} steps at world size 1 and {record.preflight.world_size}",
+        )
+    if record.history.diagnosis:
+        mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
+    for v in record.verdicts:
+        mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
+    if record.plots_dir:
+        # The files the quantize task drew (and showed in its Deck): logged, not drawn again.
+        mlflow.log_artifacts(record.plots_dir, artifact_path="plots")
+    if record.tables:
+        import pandas as pd
+
+        for table_path, table_rows in record.tables.items():
+            mlflow.log_table(pd.DataFrame(table_rows), table_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        # Every rejected row, as it came in, with its file, its row in the file and the reason.
+        mlflow.log_artifacts(record.quarantine_dir, artifact_path="data/quarantine")
+        Path(f"{tmp}/reference.json").write_text(record.reference_json)
+        mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
+        if record.validation_dir:
+            mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
+
+
+@dataclass
+class ModelFiles:
+    """One model as flyscale logs it: its weights (a state_dict file) and what rebuilds it."""
+
+    weights_path: str
+    spec_json: str  # flyscale/tracking/model_spec.py
+
+
+def log_model(files: ModelFiles, name: str, example: np.ndarray, tmp: str):
+    """A pickle-free MLflow model: flyscale/tracking/model_code.py as its code, weights and spec as
+    artifacts, with a signature and an input example. Returns the ModelInfo (a LoggedModel)."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    from flyscale.tracking import model_code as mlflow_model
+    from flyscale.tracking.model_spec import build
+
+    spec = Path(tmp) / f"{name}_spec.json"
+    spec.write_text(files.spec_json)
+    probabilities = mlflow_model.FlyscaleModel()
+    probabilities.model = build(json.loads(files.spec_json), files.weights_path)
+    signature = infer_signature(example, probabilities.predict(None, example))
+    return mlflow.pyfunc.log_model(
+        name=name,
+        python_model=mlflow_model.__file__,
+        artifacts={"weights": files.weights_path, "spec": str(spec)},
+        signature=signature,
+        input_example=example,
+        pip_requirements=_pip_requirements(),
+    )

@@ -1,0 +1,119 @@
+"""Where runs go and how flyscale talks to it: the tracking URI, MLflow's client settings from
+config, the model-training experiment, run names, the tags flyscale reads back, and MLflow's
+failures as one retryable error."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from flytekit.exceptions.user import FlyteRecoverableException
+
+from flyscale.config import MlflowConfig
+
+log = logging.getLogger(__name__)
+
+
+DEFAULT_STORE = "mlflow.db"
+
+
+# What MLflow 3 records an experiment's kind in. (MLflow 3.17's UI still opens every experiment
+# on the GenAI overview unless the URL says ?workflowType=machine_learning: the summary prints that URL.)
+KIND_TAG = "mlflow.experimentKind"
+
+
+TRAINING_KIND = "custom_model_development"
+
+
+DATA_TAG = "flyscale.data_sha256"  # on each version: the content fingerprint of the data it was trained on
+
+
+REFERENCE_TAG = "flyscale.reference_version"  # on each version: the version whose reference its data met
+
+
+# On each version: where its own data's reference.json is. Read straight from there, a cached run
+# does not load the whole run (every metric, param and tag: 0.3 s from SQLite) to find one file.
+REFERENCE_URI_TAG = "flyscale.reference_uri"
+
+
+EXECUTION_TAG = "flyscale.execution"  # on each run: the pipeline execution (provenance.execution_key)
+
+
+def tracking_uri() -> str:
+    """MLFLOW_TRACKING_URI if set, else a SQLite store in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_STORE}"
+
+
+@contextlib.contextmanager
+def client_settings(cfg: MlflowConfig) -> Iterator[None]:
+    """MLflow's HTTP retries bounded as configured (its defaults retry for about four minutes).
+
+    MLflow reads these variables on every request; values the user exported win.
+    """
+    wanted = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(cfg.retry_backoff_s),
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(cfg.request_timeout_s),
+    }
+    added = {k: v for k, v in wanted.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _metric_name(text: str) -> str:
+    """MLflow names allow letters, digits and _-./ and spaces only."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in text)
+
+
+def use_experiment(client, name: str) -> str:
+    """The experiment's id, created as a model-training experiment (MLflow's kind tag); an
+    existing one without a kind gets it."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        try:
+            return client.create_experiment(name, tags={KIND_TAG: TRAINING_KIND})
+        except MlflowException as exc:  # created by a concurrent run meanwhile
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = client.get_experiment_by_name(name)
+    if KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, KIND_TAG, TRAINING_KIND)
+    return experiment.experiment_id
+
+
+def run_name(model: str, strategy: str, world_size: int, data_sha256: str, started_at: float) -> str:
+    """`mlp-ddp2-data1c6f78c9-20261201-103512`: the model, the strategy and workers, the data
+    version and when the execution started, so runs are told apart in the UI's lists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(started_at))
+    return f"{model}-{strategy}{world_size}-data{data_sha256[:8]}-{stamp}"
+
+
+MAX_PARAM_CHARS = 6000  # MLflow 3's limit on a param value
+
+
+class MlflowUnavailable(FlyteRecoverableException):
+    """MLflow failed in a way a retry may fix; nothing was promoted."""
+
+
+@contextlib.contextmanager
+def mlflow_errors(what: str) -> Iterator[None]:
+    """MLflow failures as a retryable error that says what was being done and what did not happen."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as exc:
+        raise MlflowUnavailable(
+            f"MLflow failed while {what} (after its bounded retries): {exc}. The champion alias was "
+            f"not moved; the run can be retried."
+        ) from exc

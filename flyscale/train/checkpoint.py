@@ -1,0 +1,252 @@
+"""Checkpoints: the whole training state, written atomically, found again after any restart.
+
+A checkpoint is a directory `step-000000123/` holding
+
+    rank-<r>.pt     every rank: its place in the data (epoch, batch, the epoch's partial sums)
+                    and its RNG states (Python, numpy, torch, CUDA)
+    state-<r>.pt    model, optimizer, LR scheduler and grad scaler: written by every rank when
+                    the strategy shards them (a pipeline stage per rank), by rank 0 alone when
+                    every rank holds the same (DDP)
+    manifest.json   written last, by rank 0: the step, the world size, the strategy, and each
+                    file's size, sha256 and the shapes of what it holds
+
+Every file is written under a `.partial` directory that is renamed into place only when all
+ranks have written theirs, so a directory without `.partial` is complete or was damaged
+afterwards. Damage (a missing, truncated or altered file) and incompatibility (another model,
+another world size) are found from the manifest before anything is loaded, and refused with
+the path and what is wrong. Files are read with `torch.load(weights_only=True)`: no pickle.
+
+Two kinds of restart find them:
+- torch-elastic restarting the worker group inside one Flyte attempt, which reads the local
+  restart directory (keyed by run, so concurrent runs never meet);
+- Flyte retrying the task, which restores what the previous attempt uploaded through Flyte's
+  checkpoint API (a `Mirror`, given by the training task; this module knows nothing of Flyte).
+
+Ranks come only from the DistContext; the files are written by the ranks that own them. The
+files, their manifest and their checks are in `checkpoint_files`; here, who writes what and when.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from flyscale.train.checkpoint_files import (
+    FORMAT,
+    MANIFEST,
+    PARTIAL,
+    CheckpointError,
+    complete_checkpoints,
+    mirrored_checkpoints,
+    step_dir,
+    step_of,
+    tensor_difference,
+    verify,
+    write_file,
+)
+from flyscale.train.distributed import DistContext
+from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+class Mirror(Protocol):
+    """A second home for checkpoints that outlives this attempt (Flyte's checkpoint API)."""
+
+    def restore(self) -> Path | None:
+        """A local directory holding what an earlier attempt saved, or None."""
+
+    def save(self, checkpoint: Path) -> None:
+        """Copy the complete checkpoint directory `checkpoint` there."""
+
+
+class Checkpointer:
+    """Saves this rank's share of the training state on schedule, and restores the newest one.
+
+    Every rank calls every method (they contain collectives); only the files a rank owns are
+    written by it, and only rank 0 writes the manifest, renames, prunes and mirrors.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        every_steps: int = 0,
+        every_minutes: float = 0.0,
+        keep: int = 2,
+        resume: bool = True,
+        mirror: Mirror | None = None,
+        check_every: int = 16,
+    ):
+        self.root, self.every_steps, self.every_seconds = Path(root), every_steps, every_minutes * 60
+        self.keep, self.resume, self.mirror, self.check_every = keep, resume, mirror, check_every
+        self._last_save = time.monotonic()
+        self.saved: list[int] = []  # steps this process checkpointed
+        self.seconds_saving = 0.0  # wall time spent writing, on this rank
+
+    # -- saving -------------------------------------------------------------------------------
+
+    def due(self, step: int, ctx: DistContext) -> bool:
+        """Whether to checkpoint after optimizer step `step`; the same answer on every rank.
+
+        By steps, every rank knows. By time, ranks' clocks differ, so every `check_every`
+        steps they agree with one small all-reduce (any rank past the interval means all save).
+        """
+        if self.every_steps and step % self.every_steps == 0:
+            return True
+        if not self.every_seconds or step % self.check_every:
+            return False
+        late = time.monotonic() - self._last_save >= self.every_seconds
+        return ctx.all_reduce_sum([float(late)])[0] > 0
+
+    def save(self, state: TrainState, position: Position, ctx: DistContext, strategy: str) -> Path:
+        """Write checkpoint `position.step` from every rank; returns its directory."""
+        start = time.perf_counter()
+        final = step_dir(self.root, position.step)
+        partial = final.with_name(final.name + PARTIAL)
+        if ctx.is_main:
+            shutil.rmtree(partial, ignore_errors=True)  # a save cut short by an earlier crash
+            partial.mkdir(parents=True)
+        ctx.barrier()
+        files = {}
+        if state.sharded or ctx.is_main:
+            own = {**state.state_dict(), "signature": state.signature()}
+            files[f"state-{ctx.rank}.pt"] = {
+                **write_file(own, partial / f"state-{ctx.rank}.pt"),
+                "signature": hashlib.sha256(json.dumps(own["signature"]).encode()).hexdigest(),
+            }
+        rank_file = {"position": _position_dict(position), "rng": rng_state()}
+        files[f"rank-{ctx.rank}.pt"] = write_file(rank_file, partial / f"rank-{ctx.rank}.pt")
+        everyone = ctx.all_gather_object(files)  # also: every rank has written its files
+        if ctx.is_main:
+            manifest = {
+                "format": FORMAT,
+                "step": position.step,
+                "epoch": position.epoch,
+                "batch": position.batch,
+                "world_size": ctx.world_size,
+                "strategy": strategy,
+                "sharded": state.sharded,
+                "written_at": time.time(),
+                "files": {k: v for part in everyone for k, v in part.items()},
+            }
+            tmp = partial / (MANIFEST + ".tmp")
+            tmp.write_text(json.dumps(manifest, indent=1))
+            os.replace(tmp, partial / MANIFEST)
+            if final.exists():  # the same step saved before a restart: replace it whole
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            self._prune()
+            if self.mirror is not None:
+                self.mirror.save(final)
+        self._last_save = time.monotonic()
+        self.saved.append(position.step)
+        self.seconds_saving += time.perf_counter() - start
+        return final
+
+    def discard(self) -> None:
+        """Delete this run's restart directory: training finished, nothing will resume from it."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _prune(self) -> None:
+        for old in complete_checkpoints(self.root)[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # -- resuming -----------------------------------------------------------------------------
+
+    def restore(self, state: TrainState, ctx: DistContext, strategy: str) -> tuple[Position, Resumed] | None:
+        """Load the newest checkpoint of this run into `state`: from the local restart directory,
+        or from the mirror (the previous Flyte attempt) where that holds a newer one.
+
+        None when there is none (or `resume` is off). A damaged or incompatible newest one
+        raises CheckpointError on every rank instead of being passed over, so a resume never
+        quietly goes back further than the user expects, or starts from zero.
+        """
+        if not self.resume:
+            return None
+        choice: tuple[str, str, str] | None = None
+        if ctx.is_main:  # one rank chooses, so that every rank loads the same checkpoint
+            try:
+                found = self._newest()
+                if found is not None:
+                    verify(found[0], ctx.world_size, strategy)
+                    choice = ("ok", str(found[0]), found[1])
+            except CheckpointError as exc:
+                choice = ("error", str(exc), "")
+        choice = ctx.all_gather_object(choice)[0]
+        if choice is None:
+            return None
+        status, where, source = choice
+        if status == "error":
+            raise CheckpointError(where)
+        path = Path(where)
+        manifest = json.loads((path / MANIFEST).read_text())
+        owner = ctx.rank if manifest["sharded"] else 0
+        own = torch.load(path / f"state-{owner}.pt", map_location=ctx.device, weights_only=True)
+        if own["signature"] != state.signature():
+            raise CheckpointError(
+                f"checkpoint {path} holds another model than this run builds: "
+                f"{tensor_difference(own['signature'], state.signature())}. "
+                f"Start afresh (recovery.resume: false) or train the model it was written for"
+            )
+        state.load_state_dict(own)
+        mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
+        position = Position(**mine["position"])
+        self._rng_after_skip = mine["rng"]
+        log.info(
+            "resuming from checkpoint %s (%s): step %d, epoch %d, batch %d",
+            path,
+            source,
+            position.step,
+            position.epoch + 1,
+            position.batch,
+        )
+        return position, Resumed(step=position.step, source=source, path=str(path))
+
+    def _newest(self) -> tuple[Path, str] | None:
+        """(the newest checkpoint, "local" or "mirror"). A newer one in the mirror is first
+        copied into the restart directory, where every rank (on every node, if shared) reads it
+        and a later worker restart in this attempt finds it too."""
+        local = complete_checkpoints(self.root)
+        newest = (local[-1], "local") if local else None
+        restored = self.mirror.restore() if self.mirror is not None else None
+        mirrored = mirrored_checkpoints(restored) if restored is not None else []
+        if mirrored and (newest is None or step_of(mirrored[-1]) > step_of(newest[0])):
+            source = mirrored[-1]
+            target = self.root / source.name
+            partial = target.with_name(target.name + PARTIAL)
+            shutil.rmtree(partial, ignore_errors=True)
+            shutil.copytree(source, partial)
+            os.rename(partial, target)
+            newest = (target, "mirror")
+        return newest
+
+    def restore_rng(self) -> None:
+        """Put back the RNG states of the checkpoint `restore` loaded. Call it once the resumed
+        epoch's loader has skipped the batches already done, as the saving run stood then."""
+        state = getattr(self, "_rng_after_skip", None)
+        if state is not None:
+            set_rng_state(state)
+            self._rng_after_skip = None
+
+
+def _position_dict(p: Position) -> dict[str, Any]:
+    return {
+        "step": p.step,
+        "epoch": p.epoch,
+        "batch": p.batch,
+        "losses": list(p.losses),
+        "hits": list(p.hits),
+        "rows": p.rows,
+        "wait": p.wait,
+        "seconds": p.seconds,
+        "history": list(p.history),
+    }

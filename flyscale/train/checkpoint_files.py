@@ -1,0 +1,131 @@
+"""A checkpoint on disk: its directory, its files and their manifest, and the checks that a
+checkpoint is whole and this run's before anything is loaded (the layout is checkpoint.py's
+docstring). No ranks here: `Checkpointer` decides who writes what.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flyscale.model import file_sha256
+
+log = logging.getLogger(__name__)
+
+
+FORMAT = 1
+
+
+MANIFEST = "manifest.json"
+
+
+PARTIAL = ".partial"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: the message names it and what is wrong."""
+
+
+def write_file(obj: Any, path: Path) -> dict[str, Any]:
+    """torch.save to `path` through a temporary name; the file's size and sha256."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step-{step:09d}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """The complete checkpoint directories under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(PARTIAL))
+
+
+def verify(path: Path, world_size: int, strategy: str) -> dict[str, Any]:
+    """The manifest of checkpoint `path` once every file it names is whole; CheckpointError if not.
+
+    Checks everything that can be known before loading: the manifest parses, every file is
+    there with its size and sha256, and the world size and strategy are this run's.
+    """
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it is incomplete or not a flyscale checkpoint")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({exc})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {manifest.get('format')!r}; this flyscale reads {FORMAT}")
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path}: {name} is missing")
+        size = f.stat().st_size
+        if size != meta["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} is {size} bytes, the manifest says {meta['bytes']} (truncated or "
+                "overwritten)"
+            )
+        if file_sha256(f) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 in the manifest (corrupt)")
+    if manifest["world_size"] != world_size:
+        raise CheckpointError(
+            f"checkpoint {path} was written by {manifest['world_size']} workers and this run has {world_size}; "
+            f"its per-rank data positions and shards do not carry over. Run with "
+            f"FLYSCALE_NPROC_PER_NODE={manifest['world_size']}, or start afresh (recovery.resume: false)"
+        )
+    if manifest["strategy"] != strategy:
+        raise CheckpointError(
+            f"checkpoint {path} was written by strategy {manifest['strategy']!r}, this run uses {strategy!r}"
+        )
+    return manifest
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.split("-")[1])
+
+
+def mirrored_checkpoints(restored: Path) -> list[Path]:
+    """Checkpoints in what the mirror restored: step directories at its top level. An upload
+    cut short lacks its manifest (it is sent last) and is passed over with a warning."""
+    found = []
+    for p in sorted(restored.glob("step-*")):
+        if p.is_dir() and not p.name.endswith(PARTIAL):
+            if (p / MANIFEST).is_file():
+                found.append(p)
+            else:
+                log.warning(
+                    "checkpoint %s from the previous attempt has no manifest (its upload was cut short); "
+                    "passing over it",
+                    p,
+                )
+    return found
+
+
+def tensor_difference(saved: list[list], built: list[list]) -> str:
+    a, b = {s[0]: s[1:] for s in saved}, {s[0]: s[1:] for s in built}
+    describe = lambda v: f"{v[1].removeprefix('torch.')} {v[0]}" if v else "absent"  # noqa: E731
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) != b.get(name):
+            return f"{name} is {describe(a.get(name))} in the checkpoint and {describe(b.get(name))} in this model"
+    return "the same tensors in another order"
+
+
+def run_directory(base: str, execution: str, started_at: float) -> Path:
+    """The local restart directory of one run: `base` (or ~/.flyscale/checkpoints) / a key of
+    the execution and its start. A restart of the worker group and a retry of the task see the
+    same key (the same inputs); two runs, concurrent or not, never share one."""
+    root = Path(base).expanduser() if base else Path.home() / ".flyscale" / "checkpoints"
+    key = hashlib.sha256(f"{execution}|{started_at!r}".encode()).hexdigest()[:16]
+    return root / f"run-{key}"

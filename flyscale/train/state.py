@@ -1,0 +1,100 @@
+"""The training state a checkpoint holds: what a strategy hands `fit` (this rank's model part,
+optimizer, scheduler, scaler), where training stands in the data, and every RNG's state."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass
+class TrainState:
+    """What a strategy hands `fit` so that training can be checkpointed and resumed.
+
+    `module` is this rank's part of the model: the whole model for DDP, its stage for the
+    pipeline strategy (`sharded`), whose optimizer then holds only that stage's state.
+    """
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any = None
+    scaler: Any = None
+    sharded: bool = False
+
+    def signature(self) -> list[list]:
+        """[name, shape, dtype] of every tensor in the module's state: what 'the same model' means."""
+        return [[k, list(v.shape), str(v.dtype)] for k, v in self.module.state_dict().items()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+@dataclass
+class Position:
+    """Where training stands: `step` optimizer steps done, `batch` batches into epoch `epoch`."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    # This rank's sums over the batches of `epoch` done so far, so a resumed epoch reports what
+    # an uninterrupted one would: per-step losses, hits, rows, data-wait and busy seconds.
+    losses: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+    rows: int = 0
+    wait: float = 0.0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)  # the finished epochs' metrics (rank 0's)
+
+
+@dataclass
+class Resumed:
+    """What a resume restored, for the history and the tests: from which step, from where."""
+
+    step: int
+    source: str  # "local" (the restart directory) or "mirror" (the previous Flyte attempt)
+    path: str
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG training may draw from, in a form `weights_only` loading accepts."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    state = {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), pos, has_gauss, gauss],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuples(value):
+    # random.setstate wants the tuples it gave; a round trip may hand back lists.
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value

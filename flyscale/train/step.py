@@ -1,0 +1,173 @@
+"""One optimizer step, as every data-parallel strategy takes it: the optimizer and its schedule,
+mixed precision, gradient accumulation, activation checkpointing and clipping, all switched by
+`TrainConfig`. Single-device code: DDP's `no_sync` arrives as a plain context-manager factory."""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
+
+from flyscale.config import TrainConfig
+
+# A step trains on one batch and returns (mean loss, number correct or None when not tracked,
+# rows) over the rows this rank accounts for: the batch under data parallelism, the whole global
+# batch on a pipeline's last stage and 0 on its other stages (whose loss is then 0). Loss and
+# hits stay 0-d tensors until the epoch ends: a float() per step would stall a GPU on every
+# batch. The mean, not the sum: the epoch weights every step by its rows in one product at its
+# end, instead of one more kernel on every step.
+StepFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None, int]]
+
+
+class StandardStep:
+    """A step function with the GradScaler it uses (fp16 only; else None): the scaler is part of
+    the training state a checkpoint holds."""
+
+    __slots__ = ("take", "scaler")
+
+    def __init__(self, take: StepFn, scaler: torch.amp.GradScaler | None) -> None:
+        self.take, self.scaler = take, scaler
+
+    def __call__(self, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        return self.take(xb, yb)
+
+
+def effective_lr(cfg: TrainConfig, world_size: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017): lr grows with the global batch."""
+    if not cfg.scale_lr:
+        return cfg.lr
+    return cfg.lr * cfg.batch_size * world_size / cfg.base_batch_size
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, world_size: int = 1) -> torch.optim.Optimizer:
+    """AdamW, fused where torch has the kernel (floating-point parameters on CPU or CUDA).
+
+    The fused kernel does the update's arithmetic in one pass over each parameter; the default
+    (foreach) form makes several, and on a compute-bound 10M-parameter MLP on CPU it costs about a
+    fifth of every step (benchmarks/bench_compute.py).
+    """
+    params = list(model.parameters())
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
+    return torch.optim.AdamW(
+        params, lr=effective_lr(cfg, world_size), weight_decay=cfg.weight_decay, fused=fused or None
+    )
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, steps_per_epoch: int):
+    """Linear warm-up over `warmup_epochs`, then constant."""
+    warmup = max(1, round(cfg.warmup_epochs * steps_per_epoch)) if cfg.warmup_epochs > 0 else 0
+    if not warmup:
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+
+
+def autocast(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
+    """Mixed precision for the forward pass, as configured (`standard_step` vetted the device)."""
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.Module:
+    """Recompute activations in backward, segment by segment, for an nn.Sequential.
+
+    Replacing the instance's forward (rather than wrapping the module) keeps state_dict keys
+    unchanged and still routes DDP's forward through its wrapper.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise ValueError("train.activation_checkpointing needs a model built as nn.Sequential")
+    segments = min(segments, len(model))
+
+    def forward(self, x):
+        if not self.training or not torch.is_grad_enabled():
+            return nn.Sequential.forward(self, x)
+        return checkpoint_sequential(self, segments, x, use_reentrant=False)
+
+    model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]  # on purpose: see above
+    return model
+
+
+def standard_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    device: torch.device,
+    scheduler=None,
+    no_sync: Callable[[], AbstractContextManager] | None = None,
+) -> StandardStep:
+    """Forward, cross-entropy, backward, update: the step every data-parallel strategy shares.
+
+    With `grad_accum_steps = k` the batch is split into k micro-batches whose gradients add up
+    to the whole batch's (each loss is weighted by its share); `no_sync` skips DDP's all-reduce
+    for all but the last, so communication happens once per optimizer step.
+    """
+    if cfg.precision == "fp16" and device.type != "cuda":
+        raise ValueError("train.precision 'fp16' needs CUDA; use 'bf16' on CPU")
+    scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+    k = cfg.grad_accum_steps
+    track = cfg.track_train_accuracy
+    mixed = cfg.precision != "fp32"
+
+    if k == 1 and not mixed and not track and cfg.grad_clip_norm == 0 and scheduler is None:
+        # The default, and the textbook step itself. Decided here, once, not on every step: on
+        # the default MLP a step takes about 0.4 ms, and the general step's nested call and
+        # branches measured 0-1.3% of it over paired epochs (benchmarks/bench_trainer.py's
+        # method). tests/test_training_techniques.py holds the two to the same arithmetic.
+        def plain_step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, None, int]:
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            optimizer.step()
+            return loss.detach(), None, len(yb)
+
+        return StandardStep(plain_step, None)
+
+    def backward(xm: torch.Tensor, ym: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if mixed:
+            with autocast(cfg, device):
+                logits = model(xm)
+                loss = F.cross_entropy(logits.float(), ym)
+        else:
+            logits = model(xm)
+            loss = F.cross_entropy(logits, ym)
+        weighted = loss * weight if weight != 1.0 else loss
+        (scaler.scale(weighted) if scaler else weighted).backward()
+        return loss.detach(), (logits.detach().argmax(1) == ym).sum() if track else None
+
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        optimizer.zero_grad(set_to_none=True)
+        if k == 1:
+            loss, correct = backward(xb, yb, 1.0)
+        else:
+            loss = torch.zeros((), device=xb.device)
+            correct = torch.zeros((), device=xb.device, dtype=torch.long) if track else None
+            chunks = list(zip(xb.chunk(k), yb.chunk(k)))
+            for i, (xm, ym) in enumerate(chunks):
+                last = i == len(chunks) - 1
+                share = len(ym) / len(yb)
+                with no_sync() if (no_sync and not last) else contextlib.nullcontext():
+                    chunk_loss, chunk_correct = backward(xm, ym, share)
+                loss += chunk_loss * share
+                if correct is not None and chunk_correct is not None:
+                    correct += chunk_correct
+        if scaler:
+            scaler.unscale_(optimizer)
+        if cfg.grad_clip_norm > 0:
+            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss, correct, len(yb)
+
+    return StandardStep(step, scaler)

@@ -1,0 +1,170 @@
+"""What an epoch measured, summed over every rank, and what it says about the run: throughput,
+where the time went (waiting for data, computing, communicating), memory, and a diagnosis
+with the knob to turn when the input pipeline or the gradients' all-reduce sets the pace."""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from flyscale.config import TrainConfig
+from flyscale.train.distributed import DistContext
+
+log = logging.getLogger(__name__)
+
+
+DATA_WAIT_WARNING = 0.3  # above this share of step time spent waiting for data, say so
+
+
+# Above this share of step time with gradient all-reduces in flight, say so. Measured on 2 cores
+# (bench_data_parallel): 0.1 where 2 workers matched one process, 0.3 where they ran at 0.8x
+# of it, 0.55 on the digits MLP, where they ran at 0.23x.
+COMM_WARNING = 0.25
+
+
+@dataclass
+class EpochMetrics:
+    """One epoch, summed over every rank."""
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float | None  # None unless train.track_train_accuracy: not measured, not zero
+    val_loss: float
+    val_accuracy: float
+    seconds: float
+    samples_per_s: float  # global training throughput
+    lr: float = 0.0
+    data_wait_fraction: float = 0.0  # share of the epoch spent waiting for the next batch
+    compute_fraction: float = 0.0  # share spent in forward/backward/optimizer (incl. overlapped comm)
+    comm_fraction: float = 0.0  # share spent in collectives outside the step (metric reductions)
+    # Share of the epoch with gradient all-reduces in flight (DDP). They overlap backward, so this
+    # is how busy the network was, not time added to the step.
+    grad_comm_fraction: float = 0.0
+    peak_memory_mb: float = 0.0  # max over ranks: CUDA allocator peak, else process max RSS
+
+    def per_epoch(self) -> dict[str, float | None]:
+        """The metrics MLflow charts per epoch, by their MLflow names (None: not measured)."""
+        return {
+            "train_loss": self.train_loss,
+            "train_accuracy": self.train_accuracy,
+            "val_loss": self.val_loss,
+            "val_accuracy": self.val_accuracy,
+            "epoch_seconds": self.seconds,
+            "samples_per_s": self.samples_per_s,
+            "lr": self.lr,
+            "data_wait_fraction": self.data_wait_fraction,
+            "compute_fraction": self.compute_fraction,
+            "comm_fraction": self.comm_fraction,
+            "grad_comm_fraction": self.grad_comm_fraction,
+            "peak_memory_mb": self.peak_memory_mb,
+        }
+
+
+@dataclass
+class TrainHistory:
+    """What the training task reports besides the weights."""
+
+    strategy: str
+    world_size: int
+    epochs: list[EpochMetrics] = field(default_factory=list)
+    diagnosis: str = ""  # e.g. "input pipeline bound: raise train.num_workers"
+    mlflow_run_id: str = ""  # the MLflow run rank 0 logged these epochs to while training ("" = none)
+    steps: int = 0  # optimizer steps the model has taken, over every attempt
+    steps_run: int = 0  # of those, the steps this (last) attempt computed
+    resumed_from_step: int = 0  # the checkpoint's step this attempt resumed from (0: a fresh start)
+    resumed_from: str = ""  # that checkpoint's path and where it came from ("" = a fresh start)
+    checkpoints_saved: int = 0  # in this attempt
+    checkpoint_seconds: float = 0.0  # rank 0's wall time spent writing them
+    # Per rank, the MiB of parameters, gradients and optimizer state it holds to train (after the
+    # first epoch of this attempt, when all three exist); empty where the strategy gave no TrainState.
+    state_mb: list[float] = field(default_factory=list)
+
+
+def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    """Bytes of `module`'s parameters, their gradients and `optimizer`'s state held in memory
+    (meta tensors hold none; a storage shared by several tensors counts once)."""
+    tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None]
+    if optimizer is not None:
+        tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_meta}
+    return sum(storages.values())
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: the allocator's peak. CPU: this process's peak resident memory.
+
+    On Linux that is VmHWM, which starts afresh in every new program; getrusage's ru_maxrss
+    would not do: a worker inherits its launcher's peak through fork and exec.
+    """
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS
+
+
+def data_parallel_knobs(cfg: TrainConfig) -> str:
+    """What to turn when data parallelism spends its time communicating."""
+    return (
+        f"a larger batch per worker (train.batch_size, now {cfg.batch_size}), fewer workers "
+        f"(FLYSCALE_NPROC_PER_NODE), or larger gradient buckets (train.options.bucket_cap_mb)"
+    )
+
+
+def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1) -> str:
+    """Name the knob to turn when the input pipeline or the gradients' all-reduce, not the
+    model, sets the pace; "" when neither does."""
+    found = []
+    if m.data_wait_fraction >= DATA_WAIT_WARNING:
+        hint = (
+            f"raise train.num_workers (now {cfg.num_workers})"
+            if cfg.num_workers == 0
+            else "raise train.num_workers or train.prefetch_factor, or set train.persistent_workers"
+        )
+        found.append(
+            f"input-bound: {m.data_wait_fraction:.0%} of each epoch waits for data, so the accelerator idles; {hint}"
+        )
+    if world_size > 1 and m.grad_comm_fraction >= COMM_WARNING:
+        found.append(
+            f"communication-bound: gradient all-reduces are in flight {m.grad_comm_fraction:.0%} of each step on "
+            f"{world_size} workers ({m.samples_per_s:,.0f} samples/s), so at this model size and batch one process "
+            f"with the same cores may train faster; preflight.enabled: true measures both and says. Knobs: "
+            f"{data_parallel_knobs(cfg)}"
+        )
+    return "; ".join(found)
+
+
+def epoch_metrics(epoch: int, local: list[float], ctx: DistContext, tracked: bool = True) -> EpochMetrics:
+    """Sum this rank's epoch counters over all ranks into one EpochMetrics (lr left to the caller)."""
+    seconds = local[-1]  # this rank's own wall time: the reductions below are not part of the epoch
+    comm_start = time.perf_counter()
+    loss_sum, correct, count, v_loss, v_correct, v_count, wait_all, grad_comm_all, seconds_all = ctx.all_reduce_sum(
+        local
+    )
+    comm = time.perf_counter() - comm_start
+    mem = max(ctx.all_gather_object(peak_memory_mb(ctx.device)))
+    wall = seconds + comm
+    return EpochMetrics(
+        epoch=epoch,
+        train_loss=loss_sum / count,
+        train_accuracy=correct / count if tracked else None,
+        val_loss=v_loss / max(v_count, 1),
+        val_accuracy=v_correct / max(v_count, 1),
+        seconds=seconds,
+        samples_per_s=count / seconds if seconds > 0 else 0.0,
+        data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
+        compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
+        comm_fraction=comm / wall if wall > 0 else 0.0,
+        grad_comm_fraction=grad_comm_all / seconds_all if seconds_all > 0 else 0.0,
+        peak_memory_mb=float(mem),
+    )
