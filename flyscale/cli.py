@@ -93,10 +93,14 @@ def cmd_move(args: argparse.Namespace) -> int:
     action = "rollback" if args.command == "rollback" else "promote"
     version = args.to if action == "rollback" else args.version
     who = args.who or os.environ.get("USER") or getpass.getuser()
+    uri = mlflow_store.tracking_uri()
+    print(f"tracking store: {uri}", file=sys.stderr)
+    missing = mlflow_store.missing_local_store(uri)
+    if missing:  # opening it would create an empty store, in which nothing is registered
+        print(f"flyscale {args.command}: {missing}", file=sys.stderr)
+        return 2
     try:
-        note = champion.move_alias(
-            MlflowClient(mlflow_store.tracking_uri()), args.model, args.alias, version, action, who, args.reason
-        )
+        note = champion.move_alias(MlflowClient(uri), args.model, args.alias, version, action, who, args.reason)
     except ValueError as exc:
         print(f"flyscale {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -41,6 +41,18 @@ class UserError(click.ClickException, ValueError):
         return str(self)
 
 
+class InvariantBroken(RuntimeError):
+    """A promise flyscale makes about the data (every row accounted for, splits disjoint) did not
+    hold: a bug in flyscale or a plugin, never the user's data. A real error, not an `assert`,
+    so `python -O` cannot strip the check."""
+
+
+def require(holds: bool, message: str) -> None:
+    """Raise InvariantBroken with `message` unless `holds`."""
+    if not holds:
+        raise InvariantBroken(f"{message} (a bug in flyscale or a plugin: please report it with this message)")
+
+
 class DataError(UserError):
     """The data cannot be used as it is: the message names the file, the column or the rows."""
 

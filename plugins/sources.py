@@ -54,7 +54,7 @@ class Source:
 
     uri: str  # as the user names it: /abs/path/part-0.parquet or s3://bucket/key
     path: str  # as the filesystem names it: the local path, or bucket/key
-    version: str  # what changes when its bytes do: size and modification time
+    version: str  # what changes whenever its bytes can have changed (see `listing`)
 
 
 def is_s3(uri: str) -> bool:
@@ -100,8 +100,19 @@ def readable(exc: Exception, uri: str, doing: str) -> Exception:
     return ValueError(f"{doing} {uri} failed: {text}")
 
 
-def listing(uri: str, fmt: str) -> list[Source]:
-    """Every `fmt` file at `uri` (a file, a directory, or an s3:// prefix), in sorted order."""
+def listing(uri: str, fmt: str, content_hash: bool = False, versions: bool = True) -> list[Source]:
+    """Every `fmt` file at `uri` (a file, a directory, or an s3:// prefix), in sorted order, each
+    with a version that changes whenever its bytes can have changed:
+
+    - a local file: its size, mtime, ctime and inode. A tool can set the mtime back (`cp -p`,
+      `rsync -t`, `tar x`, `os.utime`), but every write moves the ctime, and no tool sets it;
+    - an S3 object: its ETag and size, from the bucket's listing (an overwrite within the same
+      second, at the same size, has another ETag);
+    - with `content_hash`, the sha256 of the file's bytes instead, for a filesystem where
+      neither can be trusted (every file is read in full, on every run).
+
+    `versions=False` lists the files only (their versions empty), for reading them.
+    """
     fs, root = filesystem(uri), (uri[len("s3://") :] if is_s3(uri) else str(Path(uri).expanduser()))
     try:
         info = fs.get_file_info(root)
@@ -122,8 +133,62 @@ def listing(uri: str, fmt: str) -> list[Source]:
     )
     if not files:
         raise ValueError(f"data.options.path {uri!r} holds no {' or '.join(EXTENSIONS[fmt])} files")
+    paths = [i.path for i in files]
+    if not versions:
+        found = dict.fromkeys(paths, "")
+    elif content_hash:
+        found = {p: "sha256:" + _content_sha256(fs, p, uri) for p in paths}
+    elif is_s3(uri):
+        found = _s3_versions(root, paths, uri)
+    else:
+        found = {p: _local_version(p) for p in paths}
     prefix = "s3://" if is_s3(uri) else ""
-    return [Source(prefix + i.path, i.path, f"{i.size}:{i.mtime_ns}") for i in files]
+    return [Source(prefix + p, p, found[p]) for p in paths]
+
+
+def _local_version(path: str) -> str:
+    st = os.stat(path)
+    return f"size={st.st_size} mtime={st.st_mtime_ns} ctime={st.st_ctime_ns} inode={st.st_ino}"
+
+
+def _s3_versions(root: str, paths: list[str], uri: str) -> dict[str, str]:
+    """{bucket/key: "size=... etag=..."} for `paths`, from one listing of the prefix they share.
+    (pyarrow's listing has no ETag; boto3's has, from the same credentials and endpoint.)"""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, _, prefix = root.partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
+        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        config=Config(retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"}),
+    )
+    found: dict[str, str] = {}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                found[f"{bucket}/{obj['Key']}"] = f"size={obj['Size']} etag={obj['ETag'].strip(chr(34))}"
+    except (BotoCoreError, ClientError) as exc:
+        raise readable(exc, uri, "listing") from exc
+    missing = [p for p in paths if p not in found]
+    if missing:  # gone between the two listings: the data is changing under us
+        raise ValueError(f"data.options.path {uri!r}: {missing[0]} vanished while the data was being listed")
+    return {p: found[p] for p in paths}
+
+
+def _content_sha256(fs: pafs.FileSystem, path: str, uri: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with fs.open_input_stream(path) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise readable(exc, uri, "reading") from exc
+    return digest.hexdigest()
 
 
 def _dataset(source: Source, fs: pafs.FileSystem, fmt: str) -> ds.Dataset:

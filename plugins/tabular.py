@@ -46,6 +46,9 @@ class TabularOptions:
     num_classes: int = 0  # 0: inferred
     input_shape: list[int] = field(default_factory=list)  # empty: [number of features]
     ranges: dict = field(default_factory=dict)  # {column: [min, max]}, checked per row
+    # The data's version: each file's size, mtime, ctime and inode (an S3 object's size and ETag);
+    # true: the sha256 of every file's bytes, read in full on every run (sources.listing).
+    content_hash: bool = False
 
     def __post_init__(self):
         if not str(self.path).strip():
@@ -118,12 +121,13 @@ class Tabular:
         return options.format or self.format
 
     def _sources(self, options: TabularOptions) -> list[sources.Source]:
-        return sources.listing(options.path, self._fmt(options))
+        return sources.listing(options.path, self._fmt(options), versions=False)
 
     def fingerprint(self, options: TabularOptions) -> str:
-        """Each file's size and modification time, from the listing alone: a run learns that new
-        bytes arrived under the same path without reading any of them."""
-        return "\n".join(f"{s.uri} {s.version}" for s in self._sources(options))
+        """Each file's version (`sources.listing`): a run learns that new bytes arrived under the
+        same path without reading any of them (unless `content_hash` asks it to)."""
+        listed = sources.listing(options.path, self._fmt(options), options.content_hash)
+        return "\n".join(f"{s.uri} {s.version}" for s in listed)
 
     def _columns(self, options: TabularOptions, files: list[sources.Source]) -> tuple[list[str], dict[str, str]]:
         """The feature columns and their types, checked against every file's schema."""

@@ -5,6 +5,8 @@ what validation found (tasks/records.py ValidatedData)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
@@ -26,6 +28,7 @@ from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.provenance import TaskRun, execution_key
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
+from flyscale.tracking.live import save_rejected
 from flyscale.tracking.reference import read_reference as read_reference_of
 from tasks.common import DECKS, SMALL, TASK
 from tasks.records import ValidatedData
@@ -99,6 +102,27 @@ def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprin
     return read_reference_of(store, cfg.reference, content.value)
 
 
+@contextlib.contextmanager
+def rejected_rows_kept(store: MlflowConfig) -> Iterator[None]:
+    """Data rejected for too many bad rows loses none of them: the quarantine goes to the
+    execution's MLflow run, and the error says where."""
+    try:
+        yield
+    except validation.CeilingExceeded as exc:
+        report = exc.report
+        counts = {
+            "validation_total_rows": report.total_rows,
+            "validation_valid_rows": report.valid_rows,
+            "validation_quarantined_rows": report.quarantined_rows,
+        }
+        try:
+            run_id = save_rejected(store, execution_key(), exc.quarantine_dir, counts)
+            kept = f"Every quarantined row and its reason is kept: artifacts data/quarantine/ of MLflow run {run_id}"
+        except Exception as mlflow_exc:  # noqa: BLE001 (the rejection is the error to report; say where the rows are)
+            kept = f"MLflow could not keep the quarantine ({mlflow_exc}); it is in {exc.quarantine_dir}"
+        raise validation.CeilingExceeded(f"{exc} {kept}.").carrying(report) from exc
+
+
 @task(
     cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
     **TASK,
@@ -107,11 +131,17 @@ def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprin
     deck_fields=DECKS,
 )
 def validate_data(
-    raw: pd.DataFrame, info: DatasetInfo, content: DataFingerprint, cfg: DataConfig, reference: Reference
+    raw: pd.DataFrame,
+    info: DatasetInfo,
+    content: DataFingerprint,
+    cfg: DataConfig,
+    reference: Reference,
+    store: MlflowConfig,
 ) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
     run = TaskRun.start("validate_data")
-    clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
+    with rejected_rows_kept(store):
+        clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
     data_profile = profile(clean, pinned)
     files = validation_report.write(report, bad, clean, pinned, data_profile, reference)
     Deck("Data validation", (Path(files) / "validation.html").read_text())
@@ -141,12 +171,15 @@ def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: Augment
     enable_deck=True,
     deck_fields=DECKS,
 )
-def prepare_stream(cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference) -> Streamed:
+def prepare_stream(
+    cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference, store: MlflowConfig
+) -> Streamed:
     """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
     three splits as shards as it streams by (keyed on the source's fingerprint)."""
     run = TaskRun.start("prepare_stream")
     info = source.info(cfg)
-    prepared = stream_prep.prepare(source.chunks(cfg), cfg, info, reference, seed=cfg.seed)
+    with rejected_rows_kept(store):
+        prepared = stream_prep.prepare(source.chunks(cfg), cfg, info, reference, seed=cfg.seed)
     quarantined = shards.head(prepared.quarantined.dir.path, 10_000)  # what the report shows examples of
     files = validation_report.write(
         prepared.report, quarantined, prepared.sample, prepared.info, prepared.profile, reference

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from flytekit import task
 from flytekit.types.error import FlyteError
 
-from flyscale.config import PipelineConfig
+from flyscale.config import PipelineConfig, effective, flatten
 from flyscale.evaluate.gating import Judgment
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
@@ -107,4 +107,4 @@ def close_failed_run(cfg: PipelineConfig, err: FlyteError | None = None) -> None
     with the error beside it. (Flyte runs it with the workflow's inputs when any task fails.)"""
     message = err.message if err is not None else "the execution failed"
     where = f" (in {err.failed_node_id})" if err is not None and err.failed_node_id else ""
-    close_failed_runs(cfg.mlflow, execution_key(), message + where)
+    close_failed_runs(cfg.mlflow, execution_key(), message + where, flatten(cfg), effective(cfg))

@@ -90,7 +90,8 @@ def train_job(
         ctx.barrier()  # every rank is past its last checkpoint read or write
         if not ctx.is_main:
             return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
-        assert live is not None  # rank 0 opened it above
+        if live is None:  # rank 0 opened it above
+            raise RuntimeError("rank 0 has no live MLflow run to hand on")
         checkpointer.discard()  # finished: the weights are the task's output from here on
         result.history.mlflow_run_id = live.run_id
         Deck("Learning curves", learning_curves_html(result.history))

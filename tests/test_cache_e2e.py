@@ -1,6 +1,7 @@
 """Cache keys on facts, through real `pyflyte run` against a real MLflow server: an unchanged
 rerun (the nightly launch plan's, on a night with unchanged data) is all cache hits; another
-strategy re-runs training and what follows it; new bytes under the same path re-run everything; the same bytes rewritten re-run only the load.
+strategy re-runs training and what follows it; new bytes under the same path re-run everything,
+even at the same size with the old mtime; the same bytes rewritten re-run only the load.
 
 The executions double as the end-to-end checks of what they produce, so that no other test pays
 for a pipeline run of its own: the first one's MLflow run (metrics, plots, the latency table,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shutil
 import time
@@ -206,12 +208,26 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     assert ran == set(TRAINING) and cached == set(DATA)
     _check_the_pipeline_strategy(third, third.stdout, client, tmp_path)
 
-    # A changed byte under the same path: the nightly run must see it, and retrain on it.
+    # A changed value under the same path, the file of the same size and given back its old
+    # mtime (as `cp -p`, `rsync -t` or `tar x` do): the nightly run must see it, and retrain on it.
+    before = (shards / "part-1.parquet").stat()
     part = pd.read_parquet(shards / "part-1.parquet")
     part.loc[0, "pixel_10"] = 15.0 if part.loc[0, "pixel_10"] != 15.0 else 14.0
     part.to_parquet(shards / "part-1.parquet", index=False)
+    os.utime(shards / "part-1.parquet", ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = (shards / "part-1.parquet").stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     (ran, cached), proc = nightly()
     assert ran == set(DATA + TRAINING) and cached == set(), proc.stdout[-2000:]
+    # Its data was validated against the champion's reference: drift of 64 pixels, as a summary of
+    # a few metrics (the worst by name) and one table of every feature.
+    changed = client.get_run(_run_id(proc.stdout))
+    drift = {k for k in changed.data.metrics if k.startswith("drift_")}
+    assert {"drift_psi_max", "drift_features_over_threshold", "drift_psi_label"} <= drift and len(drift) <= 10, drift
+    table = json.loads(
+        Path(client.download_artifacts(changed.info.run_id, "data/drift.json", str(tmp_path))).read_text()
+    )
+    assert len(table["data"]) == 65 and table["columns"] == ["feature", "psi"]  # 64 pixels and the label
 
     # The same bytes written again (a new mtime): loaded again, but identical content re-runs nothing after it.
     time.sleep(0.01)

@@ -128,6 +128,83 @@ def test_the_promotion_lock_waits_then_says_what_to_do(server, name):
     assert not server.search_registered_models(f"name='{name}{champion.LOCK_SUFFIX}'")
 
 
+class Client:
+    """The real MlflowClient, with a hook before a chosen call (a fault put in front of the real thing)."""
+
+    def __init__(self, client: MlflowClient, on=None):
+        self._client, self._on, self.deleted, self.created = client, on, [], []
+
+    def __getattr__(self, attr):
+        return getattr(self._client, attr)
+
+    def get_registered_model(self, name):
+        if self._on is not None:
+            self._on(name)
+        return self._client.get_registered_model(name)
+
+    def create_registered_model(self, name, tags=None, **kw):
+        out = self._client.create_registered_model(name, tags=tags, **kw)
+        self.created.append((name, (tags or {}).get(champion.TOKEN_TAG)))
+        return out
+
+    def delete_registered_model(self, name):
+        # Whose lock this delete removes: the token it holds at that moment.
+        self.deleted.append((name, self._client.get_registered_model(name).tags.get(champion.TOKEN_TAG)))
+        return self._client.delete_registered_model(name)
+
+
+def _take_lock(client: MlflowClient, name: str, token: str, age_s: float = 0.0) -> None:
+    client.create_registered_model(
+        name + champion.LOCK_SUFFIX, tags={champion.TOKEN_TAG: token, "flyscale.acquired_at": str(time.time() - age_s)}
+    )
+
+
+def test_a_holder_whose_lock_was_broken_neither_moves_the_alias_nor_deletes_the_new_lock(server, name):
+    v1 = _version(server, name, 0.9, "a")
+    lock = name + champion.LOCK_SUFFIX
+
+    def broken_meanwhile(asked: str) -> None:
+        # Inside the compare-and-set (reading the alias): another run breaks the lock as stale and takes it.
+        if asked == name and server.get_registered_model(lock).tags.get(champion.TOKEN_TAG) != "theirs":
+            server.delete_registered_model(lock)
+            _take_lock(server, name, "theirs")
+
+    client = Client(server, on=broken_meanwhile)
+    out = champion.promote(client, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 600)
+    assert not out.moved and "another run broke it" in out.reason, out.reason
+    assert not server.get_registered_model(name).aliases  # nothing moved without the lock
+    assert server.get_registered_model(lock).tags[champion.TOKEN_TAG] == "theirs"  # left to its holder
+    assert client.deleted == []
+
+
+def test_two_runs_racing_past_a_stale_lock_move_the_alias_once_deleting_only_what_they_may(server, name):
+    """A third run died holding the lock: one racer breaks it (once), one moves the alias, the
+    other is refused on its stale verdict; each delete removes its own lock or the stale one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    versions = [_version(server, name, 0.9 + i / 100, f"w{i}") for i in range(2)]
+    _take_lock(server, name, "dead-run", age_s=3600)
+    clients = [Client(server) for _ in versions]
+    judged = ChampionRef(name, "champion")  # both judged when there was no champion
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(
+            pool.map(
+                lambda i: champion.promote(clients[i], [(name, versions[i])], "champion", judged, f"w{i}", 30, 1.0),
+                range(2),
+            )
+        )
+    assert sum(o.moved for o in outs) == 1, [o.reason for o in outs]
+    winner = versions[[o.moved for o in outs].index(True)]
+    assert server.get_model_version_by_alias(name, "champion").version == winner
+    lock = name + champion.LOCK_SUFFIX
+    deletes = [t for c in clients for n, t in c.deleted if n == lock]
+    assert deletes.count("dead-run") == 1  # the stale lock broken once
+    for c in clients:  # and every other delete of the lock removed the deleter's own
+        own = {t for n, t in c.created if n == lock}
+        assert {t for n, t in c.deleted if n == lock} - {"dead-run"} <= own
+    assert not server.search_registered_models(f"name LIKE '{lock}%'")  # no lock and no claim left behind
+
+
 def _record(judged: ChampionRef) -> run_log.RunRecord:
     metrics = EvalMetrics(accuracy=0.9, macro_f1=0.9, loss=0.3, n=10, confusion=[[5, 0], [1, 4]], size_bytes=100)
     return run_log.RunRecord(

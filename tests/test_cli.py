@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from importlib.metadata import version
@@ -85,3 +86,20 @@ def test_rich_table_shows_broken_plugin_error():
     assert "flyscale_plugins.models:mlp" in text and "flyscale 0.1.0" in text
     assert "acme-bad 1.0" in text and "broken: ImportError: no module named torchvision" in text
     assert cli._summary(infos) == "2 plugins, 1 broken: models/bad (acme-bad 1.0)"
+
+
+def test_a_command_on_the_registry_where_there_is_no_store_says_so_and_creates_none(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "flyscale"), "rollback", "--model", "m", "--to", "2", "--reason", "x"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert f"tracking store: sqlite:///{tmp_path / 'mlflow.db'}" in proc.stderr
+    assert f"there is no tracking store at {tmp_path / 'mlflow.db'} (none was created)" in proc.stderr
+    assert "MLFLOW_TRACKING_URI" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -104,7 +104,8 @@ def test_bad_config_names_the_field(build, message):
 def test_flatten_gives_dotted_params():
     flat = flatten(PipelineConfig())
     assert flat["train.epochs"] == 30
-    assert flat["gate.gates.0.options.threshold"] == 0.95 and flat["gate.gates.1.name"] == "quantization"
+    assert flat["gate.gates.0.options.threshold"] == 0.95 and flat["gate.gates.1.name"] == "beats_champion"
+    assert flat["gate.gates.2.name"] == "quantization"
     assert flat["model.name"] == "mlp"
     # Stable names: a section with no options adds no `{}` param beside other runs' nested keys.
     assert not any(v == {} for v in flat.values())

@@ -68,7 +68,7 @@ def test_gate_takes_a_list_or_one_mapping_on_every_way_in():
     listed = from_dict({"gate": [{"name": "min_metric"}, {"name": "beats_champion", "options": {"metric": "loss"}}]})
     assert [g.name for g in listed.gate.gates] == ["min_metric", "beats_champion"]
     assert [g.name for g in from_dict({"gate": {"name": "beats_champion"}}).gate.gates] == ["beats_champion"]
-    assert [g.name for g in from_dict({}).gate.gates] == ["min_metric", "quantization"]
+    assert [g.name for g in from_dict({}).gate.gates] == ["min_metric", "beats_champion", "quantization"]
     with pytest.raises(ValueError, match="listed twice"):
         from_dict({"gate": [{"name": "min_metric"}, {"name": "min_metric"}]})
     with pytest.raises(ValueError, match=r"gate\.gates\.0\.nmae: unknown field; did you mean .name.\?"):

@@ -7,7 +7,9 @@ of the workflow and are held to the same rows.
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import boto3
 import pandas as pd
@@ -78,6 +80,7 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint, mlflow_
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "1797 rows: 1796 valid, 1 quarantined" in proc.stdout
     run_id = re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1)
+    assert f"quarantine  the rows and their reasons: artifacts data/quarantine/ of mlflow run {run_id}" in proc.stdout
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.tags["flyscale.dataset"] == "parquet:s3://features/digits/v1"
     assert run.data.metrics["validation_quarantined_rows"] == 1
@@ -134,3 +137,36 @@ def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, 
     ]
     assert quarantine["source_row"].tolist() == [7, 300]
     assert quarantine["reason"].iloc[1].startswith("duplicate")
+
+
+@pytest.mark.timeout(600)
+def test_data_rejected_for_too_many_bad_rows_keeps_every_row_and_the_config_in_mlflow(tmp_path, mlflow_server):
+    """Over the quarantine ceiling the run fails, and loses nothing: its MLflow run holds the
+    quarantined rows with their reasons, its params and its config.yaml, and the error says where."""
+    frame = digits.load(None)
+    frame.loc[:199, "pixel_12"] = 99.0  # 200 of 1797 rows (11%) out of range: over the 5% ceiling
+    (tmp_path / "rows").mkdir()
+    frame.to_parquet(tmp_path / "rows" / "part-0.parquet", index=False)
+    preset = {
+        "data": {
+            "dataset": "parquet",
+            "options": {"path": str(tmp_path / "rows"), "ranges": {c: [0, 16] for c in DIGITS_PIXELS}},
+        },
+        "mlflow": {"experiment": "rejected-data", "model_name": "rejected"},
+    }
+    proc = run_pipeline(tmp_path, "--cfg", json.dumps(preset), env={"MLFLOW_TRACKING_URI": mlflow_server})
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "200 of 1797 rows failed validation" in log, log[-3000:]
+    kept = re.search(r"kept: artifacts data/quarantine/ of MLflow run (\w+)", log)
+    assert kept, log[-3000:]
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(kept.group(1))
+    assert run.info.status == "FAILED" and "failed validation" in run.data.tags["flyscale.failure"]
+    assert run.data.params["data.dataset"] == "parquet" and run.data.params["train.epochs"] == "30"
+    assert run.data.metrics["validation_quarantined_rows"] == 200
+    config = yaml.safe_load(Path(client.download_artifacts(run.info.run_id, "config.yaml", str(tmp_path))).read_text())
+    assert config["data"]["options"]["path"] == str(tmp_path / "rows")
+    rows = pd.read_parquet(client.download_artifacts(run.info.run_id, "data/quarantine", str(tmp_path)))
+    assert len(rows) == 200 and rows["reason"].str.contains("pixel_12: in_range").all()
+    assert set(rows["source_file"]) == {str(tmp_path / "rows" / "part-0.parquet")}

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch import nn
 
 from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
@@ -376,3 +377,14 @@ def test_settings_the_pipeline_does_not_apply_are_refused(field, value):
     cfg = TrainConfig(strategy="pipeline", batch_size=16, **{field: value})
     with pytest.raises(ValueError, match=f"train.{field}=.*not supported by the pipeline strategy"):
         pipeline(_mlp(), _toy_data(), cfg, DistContext(), PipelineOptions())
+
+
+def test_a_model_with_batchnorm_is_refused_naming_the_layer_and_the_way_out():
+    """Later stages see micro-batches only: BatchNorm's running statistics would be garbage."""
+    model = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
+    cfg = TrainConfig(strategy="pipeline", batch_size=16)
+    with pytest.raises(ValueError, match=r"the model has 1 \(BatchNorm1d\): use LayerNorm or GroupNorm.*ddp"):
+        pipeline(model, _toy_data(), cfg, DistContext(), PipelineOptions())
+    # Without running statistics it is a per-batch normalisation, which every stage computes right.
+    untracked = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16, track_running_stats=False), nn.Linear(16, 10))
+    pipeline(untracked, _toy_data(), cfg, DistContext(), PipelineOptions())

@@ -73,7 +73,7 @@ def executions(tmp_path_factory, mlflow_server) -> dict[str, str]:
 
 
 @pytest.mark.timeout(1200)
-def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_server):
+def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_server, tmp_path):
     uri = mlflow_server
     client = MlflowClient(uri)
     first, better = executions["first"], executions["better"]
@@ -124,6 +124,18 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert loaded.stdout.count("loaded") == 2, loaded.stdout
 
+    # The first run's own config.yaml, run again (a fresh cache: it retrains the same weights):
+    # not better than champion v2, so nothing is registered and the alias stays. Going back is
+    # what rollback is for.
+    old = Path(client.download_artifacts(runs[0].info.run_id, "config.yaml", str(tmp_path)))
+    home = tmp_path / "home"
+    home.mkdir()
+    replay = run_pipeline(home, "--cfg", str(old), env={"MLFLOW_TRACKING_URI": uri})
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-4000:]
+    assert "beats_champion: FAILED" in replay.stdout and "vs champion v2" in replay.stdout, replay.stdout[-3000:]
+    assert client.get_model_version_by_alias(MODEL, "champion").version == "2"
+    assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == ["1", "2"]
+
     # Rollback moves both aliases back and records who and why.
     proc = subprocess.run(
         [
@@ -155,7 +167,17 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
         text=True,
         timeout=120,
     )
-    assert refused.returncode == 2 and "has no version '9'" in refused.stderr
+    assert refused.returncode == 2 and f"{MODEL!r} has no version '9'; its versions: 1, 2" in refused.stderr
+    assert f"tracking store: {uri}" in refused.stderr  # it says where it looked
+    misspelt = subprocess.run(
+        [str(BIN / "flyscale"), "rollback", "--model", MODEL[:-1], "--to", "1", "--reason", "x"],
+        env={"MLFLOW_TRACKING_URI": uri, "PATH": str(BIN)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert misspelt.returncode == 2, misspelt.stderr
+    assert f"there is no registered model {MODEL[:-1]!r}; did you mean {MODEL!r}?" in misspelt.stderr
 
 
 CHROMIUM = Path("/usr/bin/chromium")

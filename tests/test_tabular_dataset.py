@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 import sys
-import time
 from importlib.metadata import entry_points
 
 import numpy as np
@@ -257,19 +256,57 @@ def test_a_failing_s3_is_retried_then_recoverable(s3, monkeypatch):
         proxy.close()
 
 
-def test_fingerprint_sees_new_bytes_under_the_same_prefix(s3):
-    """From the listing alone (size and modification time): unchanged, the same; rewritten, new."""
-    client, bucket = s3
+@pytest.fixture(params=["local", "s3"])
+def rewritable(request, tmp_path):
+    """(the data's URI, put(name, bytes), rewrite(name, bytes)): rewrite overwrites a file as
+    `cp -p` or an upload tool would, keeping its modification time (S3: within the same second)."""
+    if request.param == "local":
+        root = tmp_path / "nightly"
+        root.mkdir()
+
+        def put(name: str, body: bytes) -> None:
+            (root / name).write_bytes(body)
+
+        def rewrite(name: str, body: bytes) -> None:
+            before = (root / name).stat()
+            (root / name).write_bytes(body)
+            os.utime(root / name, ns=(before.st_atime_ns, before.st_mtime_ns))
+            assert (root / name).stat().st_mtime_ns == before.st_mtime_ns
+
+        return str(root), put, rewrite
+    client, bucket = request.getfixturevalue("s3")
+
+    def put_object(name: str, body: bytes) -> None:
+        client.put_object(Bucket=bucket, Key=f"nightly/{name}", Body=body)
+
+    return f"s3://{bucket}/nightly", put_object, put_object
+
+
+@pytest.mark.parametrize("content_hash", [False, True], ids=["listing", "content_hash"])
+def test_fingerprint_changes_whenever_the_bytes_can_have_changed(rewritable, content_hash):
+    """The same size, the old mtime, other bytes: a new fingerprint (ctime and inode locally, the
+    ETag on S3, or the bytes' sha256). Unchanged, it stays the same."""
+    uri, put, rewrite = rewritable
+    body = [_bytes(_frame(i), "parquet") for i in range(2)]
     for i in range(2):
-        client.put_object(Bucket=bucket, Key=f"nightly/part-{i}.parquet", Body=_bytes(_frame(i), "parquet"))
-    cfg = _cfg(f"s3://{bucket}/nightly", "parquet", True)
+        put(f"part-{i}.parquet", body[i])
+    cfg = _cfg(uri, "parquet", True, content_hash=content_hash)
     first = data.fingerprint(cfg)
     assert data.fingerprint(cfg).value == first.value
-    time.sleep(1.1)  # S3's modification times have one-second resolution
-    changed = _frame(0)
-    changed.iloc[0, 0] += 0.5
-    client.put_object(Bucket=bucket, Key="nightly/part-0.parquet", Body=_bytes(changed, "parquet"))
+    swapped = body[0][::-1]  # other bytes of the same size: the fingerprint never reads them as Parquet
+    assert len(swapped) == len(body[0]) and swapped != body[0]
+    rewrite("part-0.parquet", swapped)
     assert data.fingerprint(cfg).value != first.value
+
+
+def test_a_content_hash_ignores_a_rewrite_of_the_same_bytes(tmp_path):
+    """With content_hash the key is the bytes alone: written again, the same key."""
+    (tmp_path / "part-0.parquet").write_bytes(_bytes(_frame(0), "parquet"))
+    cfg = _cfg(str(tmp_path), "parquet", True, content_hash=True)
+    first = data.fingerprint(cfg).value
+    (tmp_path / "part-0.parquet").write_bytes((tmp_path / "part-0.parquet").read_bytes())
+    assert data.fingerprint(cfg).value == first
+    assert data.fingerprint(_cfg(str(tmp_path), "parquet", True)).value != first  # by the listing it is another key
 
 
 @pytest.mark.parametrize(

@@ -315,3 +315,22 @@ def test_ddp_strategy_reports_throughput_and_fractions():
         assert m.samples_per_s > 0
         assert 0.0 <= m.data_wait_fraction < 1.0 and 0.0 < m.compute_fraction <= 1.0
         assert m.lr == pytest.approx(cfg.lr)
+
+
+def test_a_validation_loss_that_is_not_finite_stops_training_naming_the_epoch_and_cause():
+    x, y = _batch(64)
+    cfg = TrainConfig(epochs=3, batch_size=16)
+    model = _mlp()
+    loader = make_loader(torch.utils.data.TensorDataset(x, y), None, cfg, DistContext())
+    from flyscale.train.loop import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match=r"validation loss is not finite \(nan\) after epoch 1.*BatchNorm"):
+        fit(
+            model,
+            standard_step(model, make_optimizer(model, cfg), cfg, CPU),
+            loader,
+            lambda: (float("nan"), 0.0, 8.0),  # what a model with broken running statistics gives
+            cfg,
+            DistContext(),
+            "ddp",
+        )

@@ -172,3 +172,74 @@ def test_a_reference_file_is_read_and_a_bad_one_is_named(tmp_path):
         read_reference(MlflowConfig(), str(path), "sha")
     with pytest.raises(ValueError, match=r"data.reference '.*nope.json' does not exist"):
         read_reference(MlflowConfig(), str(tmp_path / "nope.json"), "sha")
+
+
+INVARIANTS = """
+import numpy as np, pandas as pd
+from flyscale.config import DataConfig
+from flyscale.data import split, validation
+from flyscale.errors import InvariantBroken
+from flyscale.plugin import registry
+from flyscale.plugin.contracts import DatasetInfo
+
+
+class Frames:  # rows handed to validate() directly, checked against the info alone
+    def load(self, options): ...
+    def info(self, options): ...
+
+
+registry.datasets.register("t_frames", Frames())
+cfg = DataConfig(dataset="t_frames")
+frame = pd.DataFrame({"a": np.arange(40.0), "label": np.arange(40) % 2})
+info = DatasetInfo("t", 2, [1], ["a"], feature_dtypes={"a": "double"})
+found = []
+real = validation.quarantine_rows
+validation.quarantine_rows = lambda *a: real(*a).iloc[:0].reindex(range(1))  # one row too many comes back
+try:
+    validation.validate(frame, cfg, info)
+except InvariantBroken as exc:
+    found.append(str(exc))
+validation.quarantine_rows = real
+split._stratified = lambda labels, fraction, rng: (np.arange(len(labels)), np.arange(2))  # rows in two parts
+try:
+    split.split(frame, cfg)
+except InvariantBroken as exc:
+    found.append(str(exc))
+print(found)
+"""
+
+
+def test_the_promised_invariants_are_real_errors_that_python_O_keeps():
+    """Rows conserved by validation, splits disjoint: checked by errors, not asserts, so that
+    `python -O` (which strips every assert) still stops a run that broke them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-O", "-c", INVARIANTS], capture_output=True, text=True, check=True)
+    found = eval(out.stdout.strip().splitlines()[-1])  # the list the probe printed
+    assert len(found) == 2, out.stdout + out.stderr
+    assert found[0].startswith("validation lost rows: 40 in, 40 valid + 1 quarantined out")
+    assert "of them in two parts" in found[1] and "a bug in flyscale" in found[1]
+
+
+def test_drift_of_wide_data_is_a_few_metrics():
+    """An image of 3,072 pixels drifts as a handful of MLflow metrics, not one per pixel."""
+    from flyscale.data.drift import WORST_LOGGED, summary
+
+    drift = {f"pixel_{i}": i / 3072 for i in range(3072)} | {"label": 0.01}
+    metrics = summary(drift, threshold=0.0)  # 0: the usual 0.25
+    assert len(metrics) == 4 + WORST_LOGGED <= 10
+    assert metrics["drift_psi_max"] == drift["pixel_3071"] and metrics["drift_threshold"] == 0.25
+    assert metrics["drift_features_over_threshold"] == sum(v > 0.25 for k, v in drift.items() if k != "label")
+    assert [k for k in metrics if k.startswith("drift_psi_pixel")] == [f"drift_psi_pixel_{3071 - i}" for i in range(5)]
+    assert summary({}, 0.25) == {}
+
+
+def test_the_summary_gives_every_reason_count_or_says_how_many_more():
+    from flyscale.render.summary import quarantine_reasons
+
+    checks = {f"f{i}: in_range": 10 - i for i in range(7)}
+    text = quarantine_reasons(checks)
+    assert text.startswith("f0: in_range: 10, f1: in_range: 9") and "f4: in_range: 6" in text
+    assert text.endswith(", and 2 more check(s) on 9 row(s)")  # f5 (5) and f6 (4)
+    assert quarantine_reasons({"a": 1}) == "a: 1"

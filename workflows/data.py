@@ -43,7 +43,7 @@ def in_memory_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepare
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
     # `validated.info` is the info as validation held it to the reference (pinned classes); every later stage uses it.
     clean, validated, validate_ran = validate_data(
-        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference
+        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference, store=cfg.mlflow
     )
     train, val, test, split_ran = split_data(clean=clean, cfg=cfg.data)
     augmented, augment_ran = augment_data(train=train, info=validated.info, cfg=cfg.augment)
@@ -56,6 +56,6 @@ def streamed_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
     # Held to the champion's reference by the source's fingerprint: hashing the content would read it all.
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
     train, val, test, validated, prepare_ran = prepare_stream(
-        cfg=cfg.data, fingerprint=fingerprint, reference=reference
+        cfg=cfg.data, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
     )
     return Prepared(train, val, test, validated, [prepare_ran])

@@ -37,7 +37,7 @@ def scaling_study(cfg: StudyConfig = StudyConfig()) -> StudySummary:  # noqa: B0
     raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
     clean, validated, validate_ran = validate_data(
-        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference
+        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference, store=cfg.mlflow
     )
     train, val, test, split_ran = split_data(clean=clean, cfg=cfg.data)
     points = run_study(

@@ -23,7 +23,10 @@ class GateConfig(PluginSection):
 
 
 def _default_gates() -> list[GateConfig]:
-    return [GateConfig("min_metric"), GateConfig("quantization")]
+    # beats_champion by default: a run that is not better than the champion never replaces it
+    # (a sweep leaves the best; a rerun of an old config moves nothing). Going back is
+    # `flyscale rollback`'s.
+    return [GateConfig("min_metric"), GateConfig("beats_champion"), GateConfig("quantization")]
 
 
 @section

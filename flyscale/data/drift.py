@@ -54,3 +54,27 @@ def drift(frame: pd.DataFrame, info: DatasetInfo, ref: Profile) -> dict[str, flo
     classes = sorted(set(ref.labels) | {str(k) for k in labels.index})
     out["label"] = psi([ref.labels.get(c, 0) for c in classes], [int(labels.get(int(c), 0)) for c in classes])
     return out
+
+
+SIGNIFICANT_PSI = 0.25  # the usual threshold of a significant shift, when data.max_drift_psi sets none
+WORST_LOGGED = 5  # features logged by name: a wide dataset (an image's pixels) must not swamp MLflow
+
+
+def summary(drift: dict[str, float], threshold: float) -> dict[str, float]:
+    """What MLflow's metrics hold of drift, at most a handful however wide the data: the
+    maximum, how many features are over `threshold` (or SIGNIFICANT_PSI when it is 0), the few
+    worst by name and the label's. Every feature's PSI goes in a table artifact beside them."""
+    if not drift:
+        return {}
+    threshold = threshold or SIGNIFICANT_PSI
+    features = {k: v for k, v in drift.items() if k != "label"}
+    worst = sorted(features.items(), key=lambda kv: -kv[1])[:WORST_LOGGED]
+    out = {
+        "drift_psi_max": max(drift.values()),
+        "drift_threshold": threshold,
+        "drift_features_over_threshold": float(sum(v > threshold for v in features.values())),
+        **{f"drift_psi_{name}": value for name, value in worst},
+    }
+    if "label" in drift:
+        out["drift_psi_label"] = drift["label"]
+    return out

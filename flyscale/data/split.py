@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from flyscale.config import DataConfig
+from flyscale.errors import require
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,14 @@ def split(frame: pd.DataFrame, cfg: DataConfig) -> tuple[pd.DataFrame, pd.DataFr
     rest, test = _stratified(frame["label"].to_numpy(), cfg.test_fraction, rng)
     val_share = cfg.val_fraction / (1.0 - cfg.test_fraction)
     train, val = _stratified(frame["label"].to_numpy()[rest], val_share, rng)
-    train_rows, val_rows, test_rows = (frame.iloc[p].reset_index(drop=True) for p in (rest[train], rest[val], test))
+    parts = (rest[train], rest[val], test)
+    every = np.concatenate(parts)
+    require(
+        len(every) == len(frame) and len(np.unique(every)) == len(frame),
+        f"the split of {len(frame)} rows gave {[len(p) for p in parts]} rows, "
+        f"{len(every) - len(np.unique(every))} of them in two parts",
+    )
+    train_rows, val_rows, test_rows = (frame.iloc[p].reset_index(drop=True) for p in parts)
     return train_rows, val_rows, test_rows
 
 

@@ -25,7 +25,7 @@ from flyscale.data import drift, validation
 from flyscale.data.reference import Profile, Reference
 from flyscale.data.shards import Shards, ShardWriter
 from flyscale.data.validation import ValidationReport
-from flyscale.errors import DataError
+from flyscale.errors import DataError, require
 from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -132,8 +132,16 @@ def prepare(
         reference=reference.source,
         pinned_classes=pinned.num_classes != info.num_classes,
     )
-    assert report.valid_rows + report.quarantined_rows == report.total_rows, "validation lost rows"
-    validation.enforce_ceiling(report, cfg)
+    require(
+        report.valid_rows + report.quarantined_rows == report.total_rows,
+        f"validation lost rows: {report.total_rows} in, {report.valid_rows} valid + "
+        f"{report.quarantined_rows} quarantined out",
+    )
+    try:
+        validation.enforce_ceiling(report, cfg)
+    except validation.CeilingExceeded as exc:
+        exc.quarantine_dir = quarantine.close().dir.path
+        raise
     empty = pd.DataFrame({c: pd.Series(dtype="float64") for c in pinned.feature_columns}).assign(
         **{pinned.label_column: pd.Series(dtype="int64")}
     )

@@ -20,10 +20,11 @@ import pandas as pd
 import pandera.pandas as pa
 
 from flyscale.config import DataConfig
+from flyscale.data import shards
 from flyscale.data.drift import drift
 from flyscale.data.reference import Reference, pin
 from flyscale.data.schemas import default_row_schema
-from flyscale.errors import DataError
+from flyscale.errors import DataError, require
 from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,10 @@ def validate(
         validated = schema.validate(data[~data.index.isin(reasons.index)], lazy=False)
     clean = validated.drop(index=duplicates.index, errors="ignore").reset_index(drop=True)
     quarantined = quarantine_rows(frame, data, reasons, cfg.dataset)
-    assert len(clean) + len(quarantined) == len(frame), "validation lost rows"  # the invariant, checked
+    require(
+        len(clean) + len(quarantined) == len(frame),
+        f"validation lost rows: {len(frame)} in, {len(clean)} valid + {len(quarantined)} quarantined out",
+    )
     checks = Counter(name for reason in reasons for name in check_names(reason))
     report = ValidationReport(
         total_rows=len(frame),
@@ -172,7 +176,11 @@ def validate(
         reference=reference.source,
         pinned_classes=pinned_info.num_classes != info.num_classes,
     )
-    enforce_ceiling(report, cfg)
+    try:
+        enforce_ceiling(report, cfg)
+    except CeilingExceeded as exc:
+        exc.quarantine_dir = shards.write(quarantined, "quarantine").dir.path
+        raise
     if report.quarantined_rows:
         log.warning("quarantined %d of %d rows: %s", report.quarantined_rows, report.total_rows, _commonest(report))
     if reference.profile is not None:
@@ -197,13 +205,26 @@ def _commonest(report: ValidationReport, n: int = 3) -> str:
     return ", ".join(f"{name} ({count} rows)" for name, count in top)
 
 
+class CeilingExceeded(DataError):
+    """More rows were quarantined than `data.max_quarantine_fraction` allows. It carries the
+    report and the quarantined rows' directory (set by whoever wrote them), so that the rows and
+    their reasons are kept even though the data is rejected."""
+
+    report: ValidationReport
+    quarantine_dir: str = ""
+
+    def carrying(self, report: ValidationReport) -> CeilingExceeded:
+        self.report = report
+        return self
+
+
 def enforce_ceiling(report: ValidationReport, cfg: DataConfig) -> None:
     if report.quarantined_rows > cfg.max_quarantine_fraction * report.total_rows:
-        raise DataError(
+        raise CeilingExceeded(
             f"{report.quarantined_rows} of {report.total_rows} rows failed validation "
             f"({report.quarantined_rows / report.total_rows:.1%}), more than data.max_quarantine_fraction="
             f"{cfg.max_quarantine_fraction}. Commonest reasons: {_commonest(report)}"
-        )
+        ).carrying(report)
 
 
 def enforce_drift(report: ValidationReport, cfg: DataConfig) -> None:

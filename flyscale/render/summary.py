@@ -26,6 +26,19 @@ def _ui_command(uri: str, experiment_id: str) -> str:
     return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000/{page}"
 
 
+SHOWN_REASONS = 5
+
+
+def quarantine_reasons(checks: dict[str, int], shown: int = SHOWN_REASONS) -> str:
+    """Each failed check's row count, commonest first: the first few, then how many more."""
+    ranked = sorted(checks.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{name}: {rows}" for name, rows in ranked[:shown])
+    rest = ranked[shown:]
+    if rest:
+        text += f", and {len(rest)} more check(s) on {sum(n for _, n in rest)} row(s)"
+    return text
+
+
 @dataclass
 class RunSummary:
     """What one pipeline run did, in numbers a person checks first."""
@@ -67,10 +80,11 @@ class RunSummary:
             "",
             "flyscale run summary",
             f"  data        {v.total_rows} rows: {v.valid_rows} valid, {v.quarantined_rows} quarantined"
-            + (
-                f" ({', '.join(f'{k}: {n}' for k, n in sorted(v.checks.items(), key=lambda kv: -kv[1])[:3])})"
-                if v.checks
-                else ""
+            + (f" ({quarantine_reasons(v.checks)})" if v.checks else ""),
+            *(
+                [f"  quarantine  the rows and their reasons: artifacts data/quarantine/ of mlflow run {r.run_id}"]
+                if v.quarantined_rows
+                else []
             ),
             f"  reference   {v.reference or 'none yet (the first model of this name)'}"
             + (

@@ -14,12 +14,15 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from flyscale.config import MlflowConfig
 from flyscale.evaluate.gating import ChampionRef
@@ -89,24 +92,72 @@ def baseline(client, model_name: str, alias: str, candidate_sha256: str) -> Cham
     return _ref(client, model_name, alias, champion)
 
 
+TOKEN_TAG = "flyscale.lock_token"
+LOST_LOCK = (
+    "not promoted: this run held {lock!r} longer than mlflow.lock_stale_s ({stale_s:.0f} s) and another run "
+    "broke it; refusing to move '{alias}' without it. Rerun to judge against the champion as it is now."
+)
+
+
+@dataclass
+class Lock:
+    """The promotion lock as its holder knows it: the registered model and the token it wrote."""
+
+    client: Any
+    name: str
+    token: str
+
+    def held(self) -> bool:
+        """Whether the lock is still this holder's (not broken as stale and taken by another run)."""
+        return _token_of(self.client, self.name) == self.token
+
+    def release(self) -> None:
+        """Delete the lock if it is still ours: a lock broken and taken by another run is theirs."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            if self.held():
+                self.client.delete_registered_model(self.name)
+            else:
+                log.warning("%r is no longer this run's (broken as stale): left to its holder", self.name)
+        except MlflowException as exc:  # the alias has moved (or not) already: do not undo that over a lock
+            log.warning("could not release %r (%s); it is broken when stale (mlflow.lock_stale_s)", self.name, exc)
+
+
+def _token_of(client, name: str) -> str | None:
+    """The token of the lock `name`, or None when there is no lock."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_registered_model(name).tags.get(TOKEN_TAG, "")
+    except MlflowException as exc:
+        if _missing(exc):
+            return None
+        raise
+
+
 @contextlib.contextmanager
-def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) -> Iterator[None]:
+def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) -> Iterator[Lock]:
     """Mutual exclusion for moving the alias, held in MLflow so that it spans machines.
 
     Creating a registered model is atomic (a second create of the same name fails), so the lock is
-    a registered model named `<model>.promotion-lock`, deleted on release. A lock older than
-    `stale_s` was left by a run that died holding it, and is broken.
+    a registered model named `<model>.promotion-lock`, tagged with its holder's own token. A lock
+    older than `stale_s` was left by a run that died holding it, and is broken. MLflow has no
+    compare-and-delete, so every delete reads the token first and deletes only the lock it read:
+    the holder its own on release, a breaker the stale one (one breaker per stale lock, by an
+    atomic claim). A holder checks `Lock.held()` right before it moves the alias.
     """
     from mlflow.exceptions import MlflowException
 
     name = model_name + LOCK_SUFFIX
-    holder = f"{socket.gethostname()}:{os.getpid()}:{time.time():.6f}"
+    token = uuid.uuid4().hex
+    holder = f"{socket.gethostname()}:{os.getpid()}"
     deadline, said = time.monotonic() + timeout_s, False
     while True:
         try:
             client.create_registered_model(
                 name,
-                tags={"flyscale.holder": holder, "flyscale.acquired_at": str(time.time())},
+                tags={TOKEN_TAG: token, "flyscale.holder": holder, "flyscale.acquired_at": str(time.time())},
                 description=f"held by a flyscale run while it moves the alias of {model_name}; deleted on release",
             )
             break
@@ -124,19 +175,15 @@ def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) ->
             log.warning("waiting for %r: another run is moving the alias of %s", name, model_name)
             said = True
         time.sleep(0.25)
+    lock = Lock(client, name, token)
     try:
-        yield
+        yield lock
     finally:
-        try:
-            client.delete_registered_model(name)
-        except MlflowException as exc:  # the alias has moved (or not) already: do not undo that over a lock
-            log.warning(
-                "could not release %r (%s); it is broken after %.0f s (mlflow.lock_stale_s)", name, exc, stale_s
-            )
+        lock.release()
 
 
 def _break_if_stale(client, name: str, stale_s: float) -> bool:
-    """Delete the lock if it is older than `stale_s`; True when it was broken."""
+    """Delete the lock if it is older than `stale_s`; True when it is gone (broken, or released)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -148,11 +195,33 @@ def _break_if_stale(client, name: str, stale_s: float) -> bool:
     acquired = float(tags.get("flyscale.acquired_at", "inf"))
     if time.time() - acquired < stale_s:
         return False
-    log.warning(
-        "breaking %r: taken at %s by %s, more than %.0f s ago", name, acquired, tags.get("flyscale.holder"), stale_s
-    )
-    with contextlib.suppress(MlflowException):  # someone else broke it first
-        client.delete_registered_model(name)
+    stale = tags.get(TOKEN_TAG, "")
+    # One breaker per stale lock: the claim is another atomic create, named by the stale token.
+    claim = f"{name}.breaking.{stale or 'untokened'}"
+    try:
+        client.create_registered_model(claim, tags={"flyscale.acquired_at": str(time.time())})
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        if not _break_if_stale(client, claim, stale_s):  # another run is breaking it (or died doing so)
+            return False
+        return _break_if_stale(client, name, stale_s)
+    try:
+        if _token_of(client, name) == stale:  # still the lock we judged stale: nobody took it since
+            log.warning(
+                "breaking %r: taken at %s by %s, more than %.0f s ago",
+                name,
+                acquired,
+                tags.get("flyscale.holder"),
+                stale_s,
+            )
+            client.delete_registered_model(name)
+    except MlflowException as exc:
+        if not _missing(exc):
+            raise
+    finally:
+        with contextlib.suppress(MlflowException):
+            client.delete_registered_model(claim)
     return True
 
 
@@ -170,7 +239,7 @@ def promote(
     from mlflow.exceptions import MlflowException
 
     model_name, version = versions[0]
-    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s) as lock:
         now = current_version(client, model_name, alias)
         now_label = f"v{now.version}" if now is not None else "no champion"
         same = (str(now.version) if now is not None else "") == judged.version
@@ -183,6 +252,8 @@ def promote(
                     f"judge against {now_label}."
                 ),
             )
+        if not lock.held():
+            return Promotion(False, LOST_LOCK.format(lock=lock.name, stale_s=lock_stale_s, alias=alias))
         moved: list[tuple[str, str | None]] = []
         try:
             for name, v in versions:
@@ -219,18 +290,34 @@ def move_alias(
     if not why.strip():
         raise ValueError(f"say why you {action} (--reason): it is recorded with the alias move")
     try:
+        client.get_registered_model(model_name)
+    except MlflowException as exc:
+        if not _missing(exc):
+            raise
+        names = sorted(m.name for m in client.search_registered_models())
+        close = difflib.get_close_matches(model_name, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"there is no registered model {model_name!r}; {hint}registered: {', '.join(names) or 'none'}"
+        ) from None
+    try:
         target = client.get_model_version(model_name, to_version)
     except MlflowException as exc:
-        if _missing(exc):
-            raise ValueError(f"{model_name!r} has no version {to_version!r}") from None
-        raise
+        if not _missing(exc):
+            raise
+        have = sorted((str(v.version) for v in client.search_model_versions(f"name = '{model_name}'")), key=int)
+        raise ValueError(
+            f"{model_name!r} has no version {to_version!r}; its versions: {', '.join(have) or 'none'}"
+        ) from None
     moves = [(model_name, str(target.version))]
     run_id = target.tags.get("flyscale.run_id") or target.run_id
     twins = client.search_model_versions(f"name = '{model_name}-int8' and tags.`flyscale.run_id` = '{run_id}'")
     if twins:
         moves.append((f"{model_name}-int8", str(twins[0].version)))
-    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s):
+    with promotion_lock(client, model_name, lock_timeout_s, lock_stale_s) as lock:
         before = current_version(client, model_name, alias)
+        if not lock.held():
+            raise ValueError(LOST_LOCK.format(lock=lock.name, stale_s=lock_stale_s, alias=alias))
         note = (
             f"{action} by {who} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}: '{alias}' "
             f"from {f'v{before.version}' if before is not None else 'no version'} to v{target.version}: {why}"

@@ -70,30 +70,64 @@ class LiveRun:
             log.warning("could not log epoch %d to MLflow live (%s); registration logs it", m.epoch + 1, exc)
 
 
-def close_failed_runs(cfg: MlflowConfig, execution: str, error: str) -> list[str]:
-    """Mark the runs this execution left RUNNING as FAILED, with the error as a tag; their ids.
+def _execution_runs(client, experiment: str, execution: str, status: str = "RUNNING") -> list:
+    return client.search_runs(
+        [experiment],
+        filter_string=f"tags.`{EXECUTION_TAG}` = '{execution}' and attributes.status = '{status}'",
+    )
 
-    A task after training that fails (evaluation, quantization, the gate) would otherwise leave
-    the live run RUNNING for ever. Best effort: the execution has failed already, and MLflow
-    being away must not hide why.
+
+def save_rejected(cfg: MlflowConfig, execution: str, quarantine_dir: str, counts: dict) -> str:
+    """Keep rejected data's quarantine (every row, its file, its row and its reason) in the
+    execution's MLflow run, opened here if the execution has none yet; the run's id. The run
+    stays RUNNING: the workflow's failure handler ends it FAILED, with the config beside it."""
+    from mlflow import MlflowClient
+
+    with client_settings(cfg):
+        client = MlflowClient(tracking_uri())
+        experiment = use_experiment(client, cfg.experiment)
+        runs = _execution_runs(client, experiment, execution)
+        run_id = (
+            runs[0].info.run_id if runs else client.create_run(experiment, tags={EXECUTION_TAG: execution}).info.run_id
+        )
+        client.log_artifacts(run_id, quarantine_dir, "data/quarantine")
+        for name, value in counts.items():
+            client.log_metric(run_id, name, float(value))
+        return run_id
+
+
+def close_failed_runs(
+    cfg: MlflowConfig, execution: str, error: str, params: dict | None = None, config: dict | None = None
+) -> list[str]:
+    """End the runs this execution left RUNNING as FAILED, with the error as a tag, and its
+    params and `config.yaml` beside it, so a failed configuration can be compared with a good
+    one; their ids. Given its `config`, an execution that failed before any run was opened (bad
+    data, say) gets one.
+
+    A task that fails would otherwise leave a live run RUNNING for ever. Best effort: the
+    execution has failed already, and MLflow being away must not hide why.
     """
     try:
         from mlflow import MlflowClient
+        from mlflow.entities import Param
 
         with client_settings(cfg):
             client = MlflowClient(tracking_uri())
-            experiment = client.get_experiment_by_name(cfg.experiment)
-            if experiment is None:
-                return []
-            runs = client.search_runs(
-                [experiment.experiment_id],
-                filter_string=f"tags.`{EXECUTION_TAG}` = '{execution}' and attributes.status = 'RUNNING'",
-            )
-            for run in runs:
-                client.set_tag(run.info.run_id, "flyscale.failure", error[:MAX_PARAM_CHARS])
-                client.set_terminated(run.info.run_id, "FAILED")
-                log.warning("MLflow run %s marked FAILED: %s", run.info.run_id, error.splitlines()[0] if error else "")
-            return [r.info.run_id for r in runs]
+            experiment = use_experiment(client, cfg.experiment)
+            runs = [r.info.run_id for r in _execution_runs(client, experiment, execution)]
+            if config is not None and not runs and not _execution_runs(client, experiment, execution, "FINISHED"):
+                runs = [client.create_run(experiment, tags={EXECUTION_TAG: execution}).info.run_id]
+            for run_id in runs:
+                logged = client.get_run(run_id).data.params
+                fresh = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in (params or {}).items() if k not in logged]
+                for at in range(0, len(fresh), 100):  # MLflow takes at most 100 params a batch
+                    client.log_batch(run_id, params=fresh[at : at + 100])
+                if config is not None:
+                    client.log_dict(run_id, config, "config.yaml")
+                client.set_tag(run_id, "flyscale.failure", error[:MAX_PARAM_CHARS])
+                client.set_terminated(run_id, "FAILED")
+                log.warning("MLflow run %s marked FAILED: %s", run_id, error.splitlines()[0] if error else "")
+            return runs
     except Exception as exc:  # noqa: BLE001 (a failure handler must not fail: the run's error is what matters)
         log.warning("could not mark this execution's MLflow runs FAILED (%s)", exc)
         return []

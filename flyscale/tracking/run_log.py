@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from flyscale.data.drift import summary as drift_summary
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.gating import ChampionRef
 from flyscale.evaluate.metrics import EvalMetrics
@@ -111,6 +112,7 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     for m in record.history.epochs if not epochs_logged else []:
         # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
         mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
+    drift_threshold = float(record.config.get("data", {}).get("max_drift_psi") or 0.0)
     mlflow.log_metrics(
         {
             **record.fp32.scalars("test_"),
@@ -120,9 +122,14 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
             "validation_total_rows": record.validation.total_rows,
             "validation_valid_rows": record.validation.valid_rows,
             "validation_quarantined_rows": record.validation.quarantined_rows,
-            **{f"drift_psi_{_metric_name(k)}": v for k, v in record.validation.drift.items()},
+            **{_metric_name(k): v for k, v in drift_summary(record.validation.drift, drift_threshold).items()},
         }
     )
+    if record.validation.drift:  # every feature's PSI, worst first: the metrics hold only a summary
+        import pandas as pd
+
+        table = sorted(record.validation.drift.items(), key=lambda kv: -kv[1])
+        mlflow.log_table(pd.DataFrame(table, columns=["feature", "psi"]), "data/drift.json")
     mlflow.set_tag("flyscale.data_reference", record.validation.reference or "none")
     for check, rows in record.validation.checks.items():
         mlflow.set_tag(f"validation.{_metric_name(check)}", str(rows))

@@ -48,6 +48,21 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_STORE}"
 
 
+def missing_local_store(uri: str) -> str:
+    """Why `uri` names no store yet, for a command that only reads or moves what is there: a
+    SQLite file that does not exist (MLflow would create it, empty). "" when there is one, or
+    when it is a server's to say."""
+    if not uri.startswith("sqlite:///"):
+        return ""
+    path = Path(uri[len("sqlite:///") :])
+    if path.is_file():
+        return ""
+    return (
+        f"there is no tracking store at {path} (none was created). Run from the directory where the pipeline "
+        f"ran, or point MLFLOW_TRACKING_URI at your store: MLFLOW_TRACKING_URI=http://mlflow:5000 flyscale ..."
+    )
+
+
 @contextlib.contextmanager
 def client_settings(cfg: MlflowConfig) -> Iterator[None]:
     """MLflow's HTTP retries bounded as configured (its defaults retry for about four minutes).

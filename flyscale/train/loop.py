@@ -57,7 +57,8 @@ class TrainResult:
 
 
 class TrainingDiverged(ValueError):
-    """The training loss became NaN or infinite: the run stops instead of training on garbage."""
+    """The training or validation loss became NaN or infinite: the run stops instead of training
+    on garbage, or handing on a model that predicts it."""
 
 
 # After each step: (batch number in the epoch, per-step summed losses (a callable: they are
@@ -234,6 +235,14 @@ def fit(
             )
             if not math.isfinite(m.train_loss):  # summed over ranks: every rank sees it and stops together
                 raise _diverged(epoch, first_bad, steps_per_epoch, cfg, ctx)
+            if v_count and not math.isfinite(m.val_loss):  # the same sums on every rank: all stop together
+                raise TrainingDiverged(
+                    f"the validation loss is not finite ({m.val_loss}) after epoch {epoch + 1}, while the training "
+                    f"loss is ({m.train_loss:.4f}): the model computes garbage in eval mode. Likely cause: a layer "
+                    f"that behaves differently there, such as BatchNorm whose running statistics are broken (as "
+                    f"under the pipeline strategy, where later stages see their inputs only in micro-batches); "
+                    f"use LayerNorm or GroupNorm, or the ddp strategy."
+                )
             m.lr = optimizer.param_groups[0]["lr"] if optimizer is not None else cfg.lr
             # The whole model as this rank has it, not only the part it trains (state.module):
             # layers held in memory but not trained would count too.

@@ -87,6 +87,23 @@ def _layers(model: nn.Module, start: int, stop: int) -> nn.Sequential:
     return cast(nn.Sequential, sequential(model)[start:stop])
 
 
+def refuse_running_statistics(model: nn.Module) -> None:
+    """Refuse layers whose running statistics the pipeline cannot keep right: a later stage sees
+    its inputs only as micro-batches during the schedule (BatchNorm's mean and variance went to
+    about -2e19 and inf, and every validation loss to NaN)."""
+    norms = [
+        f"{name} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+    ]
+    if norms:
+        raise ValueError(
+            f"the pipeline strategy cannot keep BatchNorm's running statistics right, and the model has "
+            f"{', '.join(norms)}: use LayerNorm or GroupNorm in the model, BatchNorm with "
+            f"track_running_stats=False, or train.strategy: ddp"
+        )
+
+
 def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> list[int]:
     """[0, *cut points, len(model)]: stage k is layers bounds[k]:bounds[k+1] of `model`."""
     model = sequential(model)
@@ -304,6 +321,7 @@ def _train(
 ) -> TrainResult:
     _check_batches(data, cfg, options)
     _unsupported(cfg)
+    refuse_running_statistics(model)
     stage = build_stage(model, ctx, options, seed=cfg.seed)
     # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
     optimizer = make_optimizer(stage.module, cfg, world_size=1)
