@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from flyscale.plugin import registry
 from flyscale.plugin.registry import PluginInfo
@@ -108,6 +109,29 @@ def cmd_move(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """List the run directories under the checkpoint base; with --prune-days, delete the old ones."""
+    import time
+
+    from flyscale.train.checkpoint_files import DEFAULT_BASE, prune, run_directories
+
+    base = args.dir or ""
+    print(f"checkpoints under {Path(base).expanduser() if base else DEFAULT_BASE}")
+    if args.prune_days is not None:
+        gone = prune(base, args.prune_days * 86400)
+        print(f"deleted {len(gone)} run folder(s) not written for {args.prune_days:g} day(s)")
+        for path in gone:
+            print(f"  {path}")
+    runs = run_directories(base)
+    for run in runs:
+        age_h = (time.time() - run.modified) / 3600
+        steps = f"steps {run.steps[0]}..{run.steps[-1]}" if run.steps else "no complete checkpoint"
+        print(f"  {run.path}  {steps}  {run.bytes / 2**20:.1f} MiB  last written {age_h:.1f} h ago")
+    if not runs:
+        print("  none")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flyscale", description="flyscale command-line tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     plugins.add_argument("--kind", choices=sorted(registry.ALL), help="show only this kind of plugin")
     plugins.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     plugins.set_defaults(func=cmd_plugins)
+    ckpts = sub.add_parser("checkpoints", help="list the checkpoints runs left behind; --prune-days deletes old ones")
+    ckpts.add_argument(
+        "--dir", default="", help="the checkpoint base (recovery.checkpoint_dir; default ~/.flyscale/checkpoints)"
+    )
+    ckpts.add_argument(
+        "--prune-days", type=float, default=None, help="delete run folders not written for this many days"
+    )
+    ckpts.set_defaults(func=cmd_checkpoints)
     for name, flag, text in (
         ("rollback", "--to", "point the alias back at an earlier version"),
         ("promote", "--version", "point the alias at a version (a challenger, say)"),

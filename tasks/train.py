@@ -29,7 +29,7 @@ from flyscale.tracking.store import run_name
 from flyscale.train import distributed
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
-from flyscale.train.checkpoint_files import run_directory
+from flyscale.train.checkpoint_files import prune, run_directory
 from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.strategies import strategy, wants_meta_model
@@ -73,12 +73,15 @@ def train_job(
         if ctx.is_main:
             name = run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
+        if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
+            prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
         checkpointer = Checkpointer(
             run_directory(recovery.checkpoint_dir, started.execution, started.started_at),
             every_steps=recovery.checkpoint_every_steps,
             every_minutes=recovery.checkpoint_every_minutes,
             keep=recovery.keep_checkpoints,
             resume=recovery.resume,
+            resume_from=recovery.resume_from,
             mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
         )
         # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if

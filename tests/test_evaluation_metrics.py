@@ -273,7 +273,7 @@ def test_measure_a_small_linear_model():
         assert tput == pytest.approx(b / (p50 / 1000.0))
         assert latency.MIN_REPEATS <= n <= latency.MAX_REPEATS
     assert report.device == "cpu" and report.threads == torch.get_num_threads() and report.n_features == 64
-    names = ("latency_p50_ms", "latency_p99_ms", "throughput")
+    names = ("latency_p50_ms", "latency_p99_ms", "throughput", "latency_p50_cv")
     assert set(report.scalars()) == {f"{k}_b{b}" for b in sizes for k in names}
     assert report.scalars("int8_")["int8_latency_p99_ms_b8"] == report.p99_ms[1]
     rows = report.table()
@@ -396,3 +396,22 @@ def test_the_confusion_matrix_is_drawn_without_pyplot(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert_png(tmp_path / "c.png")
+
+
+def test_every_latency_carries_its_spread_and_a_noisy_ratio_is_not_printed_as_exact():
+    """The p50's run-to-run spread, from repeated measurements (the calls cut in time order): a
+    steady machine gives a narrow one; load that came and went, a wide one, and then the summary
+    gives no ratio."""
+    from flyscale.evaluate.comparison import Comparison
+
+    steady = [0.001 + 1e-6 * (i % 7) for i in range(500)]
+    burst = [0.001 if i < 300 else 0.004 for i in range(500)]  # the machine got busy two fifths in
+    assert latency.spread(steady) < 0.01 and latency.spread(burst) > latency.NOISY_CV
+    fp32, int8 = LatencyReport(), LatencyReport()
+    for b in (1, 64):
+        fp32.add(b, steady)
+        int8.add(b, burst if b == 1 else steady)
+    assert fp32.scalars()["latency_p50_cv_b1"] == fp32.p50_cv[0] and fp32.table()[0]["p50_cv"] == fp32.p50_cv[0]
+    lines = Comparison("dynamic_int8", 0.0, 3.0, fp32, int8).lines()
+    assert "no ratio: too noisy to trust (p50 moved" in lines[0] and "x" not in lines[0].split("ms")[-1]
+    assert lines[1].endswith("1.00x")

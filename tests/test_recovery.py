@@ -334,3 +334,38 @@ def test_runs_keep_their_checkpoints_apart(tmp_path):
     assert Checkpointer(a).restore(_state(), DistContext(), "ddp")[0].step == 7
     assert Checkpointer(b).restore(_state(), DistContext(), "ddp")[0].step == 9
     assert Checkpointer(c).restore(_state(), DistContext(), "ddp") is None
+
+
+def test_resume_from_names_a_checkpoint_explicitly(tmp_path):
+    """recovery.resume_from: a step directory, or a run directory (its newest), of another run."""
+    other = _saved(tmp_path, [1, 2, 3])
+    named = Checkpointer(tmp_path / "mine", resume_from=str(other.root))
+    position, resumed = named.restore(_state(), DistContext(), "ddp")
+    assert (position.step, resumed.source) == (3, "recovery.resume_from")
+    step2 = complete_checkpoints(other.root)[1]
+    position, resumed = Checkpointer(tmp_path / "mine", resume_from=str(step2)).restore(_state(), DistContext(), "ddp")
+    assert position.step == 2 and resumed.path == str(step2)
+    # Once this run has gone further (a worker restart after the resume), its own newer one wins.
+    mine = Checkpointer(tmp_path / "mine", every_steps=1, resume_from=str(step2))
+    mine.save(_state(), Position(step=5), DistContext(), "ddp")
+    assert mine.restore(_state(), DistContext(), "ddp")[0].step == 5
+    with pytest.raises(CheckpointError, match=rf"recovery.resume_from '{tmp_path / 'nowhere'}' is no checkpoint"):
+        Checkpointer(tmp_path / "x", resume_from=str(tmp_path / "nowhere")).restore(_state(), DistContext(), "ddp")
+
+
+def test_flyscale_checkpoints_lists_the_runs_left_behind_and_prunes_the_old_ones(tmp_path):
+    base = tmp_path / "base"
+    old, recent = run_directory(str(base), "local:a", 1.0), run_directory(str(base), "local:b", 2.0)
+    for root, steps in ((old, [4]), (recent, [1, 2])):
+        ckpt = Checkpointer(root, every_steps=1, keep=5)
+        for step in steps:
+            ckpt.save(_state(), Position(step=step), DistContext(), "ddp")
+    week_ago = time.time() - 8 * 86400
+    for f in old.rglob("*"):
+        os.utime(f, (week_ago, week_ago))
+    flyscale = [str(Path(sys.executable).parent / "flyscale"), "checkpoints", "--dir", str(base)]
+    listed = subprocess.run(flyscale, capture_output=True, text=True, check=True).stdout
+    assert f"{old}  steps 4..4" in listed and f"{recent}  steps 1..2" in listed
+    pruned = subprocess.run([*flyscale, "--prune-days", "7"], capture_output=True, text=True, check=True).stdout
+    assert f"deleted 1 run folder(s) not written for 7 day(s)\n  {old}" in pruned
+    assert not old.exists() and recent.exists()

@@ -158,6 +158,12 @@ class RecoveryConfig(Section):
     # On a multi-node cluster make it a volume every node mounts.
     checkpoint_dir: str = ""
     resume: bool = True  # resume from the newest checkpoint of this run when one exists
+    # A checkpoint to resume from instead (a step-* directory, or a run directory: its newest),
+    # e.g. one a run that was stopped left behind. `flyscale checkpoints` lists them.
+    resume_from: str = ""
+    # Run directories under checkpoint_dir untouched for longer than this are deleted when a
+    # training starts (a finished run deletes its own at once); 0 keeps them for ever.
+    retention_days: float = 7.0
     # A collective that waits longer than this for a peer fails, naming the lost rank: a dead or
     # stopped worker is an error in seconds, not NCCL's hours. Raise it for slow first steps.
     collective_timeout_s: float = 120.0
@@ -166,6 +172,8 @@ class RecoveryConfig(Section):
         if self.checkpoint_every_steps < 0 or self.checkpoint_every_minutes < 0:
             raise ValueError("recovery.checkpoint_every_steps and recovery.checkpoint_every_minutes must be >= 0")
         positive(self, "keep_checkpoints", "collective_timeout_s")
+        if self.retention_days < 0:
+            raise ValueError(f"recovery.retention_days must be >= 0 (0 = keep for ever), got {self.retention_days}")
 
 
 @section

@@ -50,11 +50,18 @@ class Comparison:
             self.int8_latency.p50_ms,
             self.int8_latency.p99_ms,
         )
-        return [
-            f"batch {b:>3}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   "
-            f"{speedup.get(b, 0):.2f}x"
-            for b, f50, f99, i50, i99 in rows
-        ]
+        out = []
+        for b, f50, f99, i50, i99 in rows:
+            noise = max(self.fp32_latency.noisy(b) or 0.0, self.int8_latency.noisy(b) or 0.0)
+            ratio = (
+                f"{speedup.get(b, 0):.2f}x"
+                if not noise
+                else f"no ratio: too noisy to trust (p50 moved {noise:.0%} between repeated measurements)"
+            )
+            out.append(
+                f"batch {b:>3}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   {ratio}"
+            )
+        return out
 
 
 def compare(

@@ -16,6 +16,8 @@ MIN_REPEATS = 100  # a p99 from fewer calls is one outlier, not a percentile
 MAX_REPEATS = 2000  # past this a small model's percentiles no longer move
 WARMUP_S = 0.02  # per model and batch size: allocator, kernels' first-call costs, CPU caches
 WARMUP_CALLS = 3  # at least this many, however slow
+BLOCKS = 5  # the timed calls, in time order, cut into this many repeated measurements
+NOISY_CV = 0.2  # a run-to-run spread of p50 above this: the number is not to be trusted
 
 
 @dataclass
@@ -28,6 +30,9 @@ class LatencyReport:
     p99_ms: list[float] = field(default_factory=list)
     throughput: list[float] = field(default_factory=list)  # samples/s at the p50 latency
     repeats: list[int] = field(default_factory=list)  # timed calls behind each entry
+    # The spread of p50 between BLOCKS repeated measurements (the calls cut in time order), as a
+    # coefficient of variation: how far the number would move if measured again.
+    p50_cv: list[float] = field(default_factory=list)
     n_features: int = 0
     device: str = ""
     threads: int = 0  # torch's intra-op threads while measuring
@@ -40,6 +45,7 @@ class LatencyReport:
         self.p99_ms.append(p99)
         self.throughput.append(batch_size / (p50 / 1000.0) if p50 > 0 else 0.0)
         self.repeats.append(len(seconds))
+        self.p50_cv.append(spread(seconds))
 
     def scalars(self, prefix: str = "") -> dict[str, float]:
         """`latency_p50_ms_b<B>`, `latency_p99_ms_b<B>` and `throughput_b<B>` for each batch size B."""
@@ -48,7 +54,16 @@ class LatencyReport:
             out[f"{prefix}latency_p50_ms_b{b}"] = p50
             out[f"{prefix}latency_p99_ms_b{b}"] = p99
             out[f"{prefix}throughput_b{b}"] = tput
+        for b, cv in zip(self.batch_sizes, self.p50_cv):
+            out[f"{prefix}latency_p50_cv_b{b}"] = cv
         return out
+
+    def noisy(self, batch_size: int) -> float | None:
+        """The p50's spread at `batch_size` when it is too wide to trust (over NOISY_CV), else None."""
+        for b, cv in zip(self.batch_sizes, self.p50_cv):
+            if b == batch_size and cv > NOISY_CV:
+                return cv
+        return None
 
     def table(self) -> list[dict[str, float | int | str]]:
         """One row per batch size, for `mlflow.log_table(pandas.DataFrame(rows), ...)`."""
@@ -60,11 +75,24 @@ class LatencyReport:
                 "p99_ms": p99,
                 "throughput_per_s": tput,
                 "repeats": n,
+                "p50_cv": cv,
                 "device": self.device,
                 "threads": self.threads,
             }
-            for b, p50, p99, tput, n in zip(self.batch_sizes, self.p50_ms, self.p99_ms, self.throughput, self.repeats)
+            for b, p50, p99, tput, n, cv in zip(
+                self.batch_sizes, self.p50_ms, self.p99_ms, self.throughput, self.repeats, self.p50_cv
+            )
         ]
+
+
+def spread(seconds: Sequence[float], blocks: int = BLOCKS) -> float:
+    """The coefficient of variation of p50 across `blocks` consecutive stretches of the calls:
+    repeated measurements, in the order they were taken, so load that came and went shows."""
+    if len(seconds) < 2 * blocks:
+        return 0.0
+    medians = [float(np.median(part)) for part in np.array_split(np.asarray(seconds, dtype=float), blocks)]
+    mean = float(np.mean(medians))
+    return float(np.std(medians) / mean) if mean > 0 else 0.0
 
 
 def measure(

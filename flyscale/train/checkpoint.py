@@ -44,6 +44,7 @@ from flyscale.train.checkpoint_files import (
     MANIFEST,
     PARTIAL,
     CheckpointError,
+    chosen_checkpoint,
     complete_checkpoints,
     mirrored_checkpoints,
     step_dir,
@@ -83,11 +84,13 @@ class Checkpointer:
         every_minutes: float = 0.0,
         keep: int = 2,
         resume: bool = True,
+        resume_from: str = "",
         mirror: Mirror | None = None,
         check_every: int = 16,
     ):
         self.root, self.every_steps, self.every_seconds = Path(root), every_steps, every_minutes * 60
         self.keep, self.resume, self.mirror, self.check_every = keep, resume, mirror, check_every
+        self.resume_from = resume_from
         self._last_save = time.monotonic()
         self.saved: list[int] = []  # steps this process checkpointed
         self.seconds_saving = 0.0  # wall time spent writing, on this rank
@@ -217,6 +220,10 @@ class Checkpointer:
         and a later worker restart in this attempt finds it too."""
         local = complete_checkpoints(self.root)
         newest = (local[-1], "local") if local else None
+        if self.resume_from:  # unless this run has gone further since (a worker restart after it)
+            named = chosen_checkpoint(Path(self.resume_from).expanduser())
+            if newest is None or step_of(newest[0]) <= step_of(named):
+                return named, "recovery.resume_from"
         restored = self.mirror.restore() if self.mirror is not None else None
         mirrored = mirrored_checkpoints(restored) if restored is not None else []
         if mirrored and (newest is None or step_of(mirrored[-1]) > step_of(newest[0])):
