@@ -36,9 +36,14 @@ class UserError(click.ClickException, ValueError):
         # str(self), not the message it was made with: where a local run's flytekit puts the
         # failing task's name in front of it, that stays. (pyflyte prints this with rich-click,
         # which never calls show(): asked for, the traceback comes with the message.)
-        if self.verbose:
-            return "".join(traceback.format_exception(self)).rstrip()
-        return str(self)
+        return self.with_traceback_if_asked(str(self))
+
+    def with_traceback_if_asked(self, message: str) -> str:
+        """`message`, preceded by the traceback when the user asked for tracebacks."""
+        if not self.verbose:
+            return message
+        trace = "".join(traceback.format_exception(self)).rstrip()
+        return trace if message == str(self) else f"{trace}\n\n{message}"
 
 
 class InvariantBroken(RuntimeError):

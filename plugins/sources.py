@@ -61,15 +61,21 @@ def is_s3(uri: str) -> bool:
     return uri.startswith("s3://")
 
 
+def _s3_endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def _s3_region() -> str:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
 def filesystem(uri: str) -> pafs.FileSystem:
     """The filesystem `uri` lives on."""
     if not is_s3(uri):
         return pafs.LocalFileSystem()
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     return pafs.S3FileSystem(
-        endpoint_override=endpoint,
-        region=region,
+        endpoint_override=_s3_endpoint(),
+        region=_s3_region(),
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
     )
 
@@ -161,8 +167,8 @@ def _s3_versions(root: str, paths: list[str], uri: str) -> dict[str, str]:
     bucket, _, prefix = root.partition("/")
     client = boto3.client(
         "s3",
-        endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"),
-        region_name=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        endpoint_url=_s3_endpoint(),
+        region_name=_s3_region(),
         config=Config(retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"}),
     )
     found: dict[str, str] = {}

@@ -120,7 +120,7 @@ def rejected_rows_kept(store: MlflowConfig) -> Iterator[None]:
             kept = f"Every quarantined row and its reason is kept: artifacts data/quarantine/ of MLflow run {run_id}"
         except Exception as mlflow_exc:  # noqa: BLE001 (the rejection is the error to report; say where the rows are)
             kept = f"MLflow could not keep the quarantine ({mlflow_exc}); it is in {exc.quarantine_dir}"
-        raise validation.CeilingExceeded(f"{exc} {kept}.").carrying(report) from exc
+        raise validation.CeilingExceeded(f"{exc} {kept}.", report) from exc
 
 
 @task(

@@ -18,7 +18,6 @@ from flyscale.config import (
     effective,
     flatten,
     from_dict,
-    presets,
 )
 
 PRESETS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
@@ -122,7 +121,7 @@ def test_a_preset_that_spells_out_a_default_is_the_same_config():
 
 
 def test_several_presets_merge_field_by_field_in_order():
-    merged = presets.merge(
+    merged = PipelineConfig.merge(
         {"train": {"epochs": 3, "lr": 0.1}, "model": {"name": "cnn", "options": {"channels": [8]}}},
         {"train": {"lr": 0.01}},
         {"model": {"options": {"hidden": 16}}},
@@ -132,9 +131,11 @@ def test_several_presets_merge_field_by_field_in_order():
         "model": {"name": "cnn", "options": {"channels": [8], "hidden": 16}},
     }
     # Another plugin named later: the earlier plugin's options are not carried over to it.
-    switched = presets.merge({"model": {"name": "cnn", "options": {"channels": [8]}}}, {"model": {"name": "mlp"}})
+    switched = PipelineConfig.merge(
+        {"model": {"name": "cnn", "options": {"channels": [8]}}}, {"model": {"name": "mlp"}}
+    )
     assert switched == {"model": {"name": "mlp"}}
     # Gates are a list: a later one replaces it whole.
-    assert presets.merge({"gate": [{"name": "min_metric"}]}, {"gate": {"name": "beats_champion"}}) == {
+    assert PipelineConfig.merge({"gate": [{"name": "min_metric"}]}, {"gate": {"name": "beats_champion"}}) == {
         "gate": {"gates": [{"name": "beats_champion"}]}
     }

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import field
 from typing import Any
 
 from flyscale.config import presets
 from flyscale.config.base import Section, decode, section
+from flyscale.config.plugins import PluginSection
 from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig
 from flyscale.config.sections import (
     AugmentConfig,
@@ -46,11 +48,22 @@ class PipelineConfig(Section):
         return decode(cls, presets.normalise(data or {}))
 
     @classmethod
+    def merge(cls, *given: Any) -> Any:
+        """Presets merged in order (`presets.merge`), each plugin section known by its name field."""
+        hints = typing.get_type_hints(cls)
+        names = {
+            f.name: hints[f.name]._name_field
+            for f in dataclasses.fields(cls)
+            if isinstance(hints[f.name], type) and issubclass(hints[f.name], PluginSection)
+        }
+        return presets.merge(*given, plugin_names=names)
+
+    @classmethod
     def from_json(cls, text: str) -> Any:
         """The workflow input `pyflyte run --cfg` builds: every `--cfg` given, merged in order."""
         given = presets.given_on_command_line()
         if len(given) > 1 and presets.read(given[-1]) == json.loads(text):  # the last is what click kept
-            return cls.from_dict(presets.merge(*(presets.read(v) for v in given)))
+            return cls.from_dict(cls.merge(*(presets.read(v) for v in given)))
         return cls.from_dict(json.loads(text))
 
     def __post_init__(self):

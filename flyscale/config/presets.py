@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +54,15 @@ def normalise(data: Any) -> Any:
     return {**data, "gate": gate}
 
 
-# The field of each section that names its plugin: a later preset that names another plugin than
-# an earlier one did starts that plugin's options afresh (the earlier plugin's would not fit it).
-PLUGIN_NAMES = {"data": "dataset", "model": "name", "train": "strategy", "quantize": "name"}
-
-
-def merge(*presets: Any) -> Any:
-    """Later presets override earlier ones, field by field; lists are replaced whole, and a
-    section whose plugin a later preset changes takes only the later preset's options."""
+def merge(*presets: Any, plugin_names: Mapping[str, str]) -> Any:
+    """Later presets override earlier ones, field by field; lists are replaced whole. A section
+    whose plugin a later preset changes takes only the later preset's options (the earlier
+    plugin's would not fit it); `plugin_names` is {section: the field that names its plugin}."""
     out: Any = {}
     for preset in presets:
         over = normalise(preset or {})
         if isinstance(out, dict) and isinstance(over, dict):
-            for section, name in PLUGIN_NAMES.items():
+            for section, name in plugin_names.items():
                 before, after = out.get(section), over.get(section)
                 if (
                     isinstance(before, dict)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import traceback
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -33,10 +32,8 @@ class ConfigError(click.BadParameter, UserError):
     line, which then prints the message alone instead of a traceback (unless asked for one)."""
 
     def format_message(self) -> str:
-        message = click.BadParameter.format_message(self)  # "Invalid value for '--cfg': ..."
-        if self.verbose:
-            return "".join(traceback.format_exception(self)).rstrip() + "\n\n" + message
-        return message
+        # "Invalid value for '--cfg': ...", with the traceback first when asked for.
+        return self.with_traceback_if_asked(click.BadParameter.format_message(self))
 
 
 def unknown_key(where: str, key: str, known: Iterable[str], what: str = "field") -> str:

@@ -210,12 +210,9 @@ class CeilingExceeded(DataError):
     report and the quarantined rows' directory (set by whoever wrote them), so that the rows and
     their reasons are kept even though the data is rejected."""
 
-    report: ValidationReport
-    quarantine_dir: str = ""
-
-    def carrying(self, report: ValidationReport) -> CeilingExceeded:
-        self.report = report
-        return self
+    def __init__(self, message: str, report: ValidationReport) -> None:
+        super().__init__(message)
+        self.report, self.quarantine_dir = report, ""
 
 
 def enforce_ceiling(report: ValidationReport, cfg: DataConfig) -> None:
@@ -223,8 +220,9 @@ def enforce_ceiling(report: ValidationReport, cfg: DataConfig) -> None:
         raise CeilingExceeded(
             f"{report.quarantined_rows} of {report.total_rows} rows failed validation "
             f"({report.quarantined_rows / report.total_rows:.1%}), more than data.max_quarantine_fraction="
-            f"{cfg.max_quarantine_fraction}. Commonest reasons: {_commonest(report)}"
-        ).carrying(report)
+            f"{cfg.max_quarantine_fraction}. Commonest reasons: {_commonest(report)}",
+            report,
+        )
 
 
 def enforce_drift(report: ValidationReport, cfg: DataConfig) -> None:

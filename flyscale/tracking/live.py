@@ -1,5 +1,6 @@
-"""The execution's MLflow run while training runs: rank 0 logs every epoch to it as the epoch
-ends, and the workflow's failure handler ends the runs a failed execution left RUNNING."""
+"""The execution's MLflow run before it is published: rank 0 logs every epoch to it as the epoch
+ends, rejected data leaves its quarantine in it, and the workflow's failure handler ends the runs
+a failed execution left RUNNING (with their params and config)."""
 
 from __future__ import annotations
 

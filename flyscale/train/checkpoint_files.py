@@ -164,13 +164,13 @@ def run_directories(base: str) -> list[RunCheckpoints]:
     root = Path(base).expanduser() if base else DEFAULT_BASE
     runs = []
     for run in sorted(root.glob("run-*")) if root.is_dir() else []:
-        files = [f for f in run.rglob("*") if f.is_file()]
+        stats = [f.stat() for f in run.rglob("*") if f.is_file()]
         runs.append(
             RunCheckpoints(
                 run,
                 [step_of(p) for p in complete_checkpoints(run)],
-                sum(f.stat().st_size for f in files),
-                max((f.stat().st_mtime for f in files), default=run.stat().st_mtime),
+                sum(st.st_size for st in stats),
+                max((st.st_mtime for st in stats), default=run.stat().st_mtime),
             )
         )
     return sorted(runs, key=lambda r: r.modified)
