@@ -162,7 +162,9 @@ def promotion_lock(client, model_name: str, timeout_s: float, stale_s: float) ->
             )
             break
         except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            # MLflow's SQL store, creating a name another run is deleting at that moment, can answer
+            # "not found": a contended create, as "already exists" is. Either way, look and retry.
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS" and not _missing(exc):
                 raise
         if _break_if_stale(client, name, stale_s):
             continue
