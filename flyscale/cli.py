@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from flyscale.plugin import registry
 from flyscale.plugin.registry import PluginInfo
@@ -113,10 +112,10 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     """List the run directories under the checkpoint base; with --prune-days, delete the old ones."""
     import time
 
-    from flyscale.train.checkpoint_files import DEFAULT_BASE, prune, run_directories
+    from flyscale.train.run_dirs import base_directory, prune, run_directories
 
     base = args.dir or ""
-    print(f"checkpoints under {Path(base).expanduser() if base else DEFAULT_BASE}")
+    print(f"checkpoints under {base_directory(base)}")
     if args.prune_days is not None:
         gone = prune(base, args.prune_days * 86400)
         print(f"deleted {len(gone)} run folder(s) not written for {args.prune_days:g} day(s)")
@@ -126,7 +125,8 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     for run in runs:
         age_h = (time.time() - run.modified) / 3600
         steps = f"steps {run.steps[0]}..{run.steps[-1]}" if run.steps else "no complete checkpoint"
-        print(f"  {run.path}  {steps}  {run.bytes / 2**20:.1f} MiB  last written {age_h:.1f} h ago")
+        held = "  (in use: a run is training in it)" if run.held else ""
+        print(f"  {run.path}  {steps}  {run.bytes / 2**20:.1f} MiB  last written {age_h:.1f} h ago{held}")
     if not runs:
         print("  none")
     return 0

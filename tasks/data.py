@@ -31,7 +31,7 @@ from flyscale.render import validation_report
 from flyscale.tracking.live import save_rejected
 from flyscale.tracking.reference import read_reference as read_reference_of
 from tasks.common import DECKS, SMALL, TASK
-from tasks.records import ValidatedData
+from tasks.records import ModelCheck, ValidatedData
 
 
 class Fingerprinted(NamedTuple):
@@ -79,8 +79,9 @@ class Streamed(NamedTuple):
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
 # under the same path. Its stamp is also when this execution started.
 @task(cache=False, **TASK, requests=SMALL)
-def fingerprint_data(cfg: DataConfig) -> Fingerprinted:
-    """The identity of the configured data as it is now (see the dataset's fingerprint())."""
+def fingerprint_data(cfg: DataConfig, model: ModelCheck) -> Fingerprinted:
+    """The identity of the configured data as it is now (see the dataset's fingerprint()).
+    `model`: an input so that no data is read before the model passed its check."""
     run = TaskRun.start("fingerprint_data", execution=execution_key())
     streaming = bool(cfg.plugin.attribute("streaming"))
     return Fingerprinted(fingerprint=source.fingerprint(cfg), streaming=streaming, run=run.done())

@@ -1,4 +1,6 @@
-"""Preflight stage: a few steps at world size N against one process, on the training workers."""
+"""Checks before training: the model against its strategy before any data work (`check_model`),
+and, once the data is ready, a few steps at world size N against one process on the training
+workers (`preflight_check`)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ from flyscale.cluster.launchers import (
     LocalSafeElasticTask,
     launcher_environment,
     launcher_facts,
+    planned_world_size,
     training_launcher,
     training_resources,
 )
-from flyscale.config import ModelConfig, PreflightConfig, TrainConfig
+from flyscale.config import DataConfig, ModelConfig, PreflightConfig, TrainConfig
+from flyscale.data import source
 from flyscale.data.shards import Shards
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
@@ -25,8 +29,36 @@ from flyscale.plugin.contracts import DatasetInfo
 from flyscale.train import distributed, preflight
 from flyscale.train.batches import train_data_from
 from flyscale.train.preflight import PreflightReport
+from flyscale.train.strategies import check_model as check_against_strategy
 from flyscale.train.strategies import strategy, wants_meta_model
-from tasks.common import task_options
+from tasks.common import SMALL, task_options
+from tasks.records import ModelCheck
+
+
+# Never cached: it is cheap, and it reads what the dataset declares as it is now. The pod sees the
+# launcher as registered (the world size the model is checked at).
+@task(cache=False, **task_options(**launcher_environment()), requests=SMALL)
+def check_model(data_cfg: DataConfig, model_cfg: ModelConfig, cfg: TrainConfig) -> ModelCheck:
+    """Before any data work: build the model on the meta device (shapes, no weights) from what
+    the dataset declares, and refuse one the training cannot train at the launcher's world size
+    (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out."""
+    info = source.info(data_cfg)
+    model = build_model(model_cfg, info, meta=True)
+    world_size = planned_world_size()
+    try:
+        check_against_strategy(model, cfg, world_size)
+    except ValueError as exc:
+        raise ValueError(
+            f"model {model_cfg.name!r} cannot be trained with train.strategy {cfg.strategy!r} on {world_size} "
+            f"worker(s): {exc}. Nothing was read or trained yet"
+        ) from None
+    return ModelCheck(
+        model=model_cfg.name,
+        strategy=cfg.strategy,
+        world_size=world_size,
+        parameters=sum(p.numel() for p in model.parameters()),
+        layers=[type(m).__name__ for m in model.children()],
+    )
 
 
 class Checked(NamedTuple):

@@ -23,6 +23,17 @@ from flyscale.train.telemetry import TrainHistory
 
 
 @dataclass
+class ModelCheck:
+    """The model the run will train, checked against its strategy before any data was read."""
+
+    model: str
+    strategy: str
+    world_size: int
+    parameters: int
+    layers: list[str]  # the top-level layers, by type
+
+
+@dataclass
 class ValidatedData:
     """What validation found, whichever data branch ran: the info every later stage uses (held to
     the reference), the quarantine and the report, the data's profile and fingerprint."""

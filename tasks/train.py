@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -17,9 +20,10 @@ from flyscale.cluster.launchers import (
 )
 from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
 from flyscale.config import MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
+from flyscale.config.flatten import flatten
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
-from flyscale.flyte.caching import code_cache
+from flyscale.flyte.caching import code_cache, code_version
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, save_state
 from flyscale.plugin.contracts import DatasetInfo
@@ -29,12 +33,36 @@ from flyscale.tracking.store import run_name
 from flyscale.train import distributed
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
-from flyscale.train.checkpoint_files import prune, run_directory
 from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport
+from flyscale.train.run_dirs import claimed_directory, prune, training_key
 from flyscale.train.strategies import strategy, wants_meta_model
 from tasks.common import DECKS, task_options
 from tasks.records import TrainedModel
+
+
+def identity(fingerprint: DataFingerprint, model_cfg: ModelConfig, cfg: TrainConfig, world_size: int) -> str:
+    """The key of what this task trains (what its cache key holds, but for the execution): the
+    same command run again after a Ctrl-C or a crash has the same one, and resumes."""
+    return training_key(
+        {
+            "data": fingerprint.value,
+            "model": flatten(model_cfg),
+            "train": flatten(cfg),
+            "launcher": launcher_facts(),
+            "world_size": world_size,
+            "code": code_version(__name__, ("models", "strategies")),
+        }
+    )
+
+
+@contextlib.contextmanager
+def restart_directory(ctx: distributed.DistContext, base: str, key: str, owner: str) -> Iterator[Path]:
+    """The run directory every rank checkpoints in: rank 0 claims it (see run_dirs) and holds
+    it until the block ends; the others are told which it is."""
+    with claimed_directory(base, key, owner) if ctx.is_main else contextlib.nullcontext(None) as mine:
+        chosen: str = ctx.all_gather_object(str(mine))[0]  # rank 0's
+        yield Path(chosen)
 
 
 class Trained(NamedTuple):
@@ -75,27 +103,33 @@ def train_job(
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
-        checkpointer = Checkpointer(
-            run_directory(recovery.checkpoint_dir, started.execution, started.started_at),
-            every_steps=recovery.checkpoint_every_steps,
-            every_minutes=recovery.checkpoint_every_minutes,
-            keep=recovery.keep_checkpoints,
-            resume=recovery.resume,
-            resume_from=recovery.resume_from,
-            mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
-        )
-        # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
-        # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
-        hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
-        result = train_fn(model, train_data_from(train, val, info), cfg, ctx, options, hooks)
-        if len(result.history.epochs) != cfg.epochs:  # never hand on a model from a run cut short
+        key = identity(fingerprint, model_cfg, cfg, ctx.world_size)
+        with restart_directory(
+            ctx, recovery.checkpoint_dir, key, f"{started.execution}@{started.started_at!r}"
+        ) as root:
+            checkpointer = Checkpointer(
+                root,
+                every_steps=recovery.checkpoint_every_steps,
+                every_minutes=recovery.checkpoint_every_minutes,
+                keep=recovery.keep_checkpoints,
+                resume=recovery.resume,
+                resume_from=recovery.resume_from,
+                mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
+            )
+            # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
+            # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
+            hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
+            result = train_fn(model, train_data_from(train, val, info), cfg, ctx, options, hooks)
+            finished = len(result.history.epochs) == cfg.epochs
+            ctx.barrier()  # every rank is past its last checkpoint read or write
+            if ctx.is_main and finished:
+                checkpointer.discard()  # the weights are the task's output from here on
+        if not finished:  # never hand on a model from a run cut short
             raise RuntimeError(f"training ended after {len(result.history.epochs)} of {cfg.epochs} epochs")
-        ctx.barrier()  # every rank is past its last checkpoint read or write
         if not ctx.is_main:
             return distributed.rank_zero_outputs(ctx, None)  # only rank 0 writes files and outputs
         if live is None:  # rank 0 opened it above
             raise RuntimeError("rank 0 has no live MLflow run to hand on")
-        checkpointer.discard()  # finished: the weights are the task's output from here on
         result.history.mlflow_run_id = live.run_id
         Deck("Learning curves", learning_curves_html(result.history))
         return TrainedModel(FlyteFile(save_state(result.model, "model.pt")), result.history)
@@ -126,7 +160,8 @@ def train_model(
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
-    resumes from the newest one this run wrote (after a worker restart or a Flyte retry)."""
+    resumes from the newest one of this training (after a worker restart, a Flyte retry, or
+    the same command again after a Ctrl-C)."""
     run = TaskRun.start("train_model")
     trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery)
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

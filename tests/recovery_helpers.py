@@ -7,8 +7,8 @@ trains digits with STRATEGY on NPROC workers, checkpointing every EVERY_STEPS st
 OUT/ckpt. With DEST (and PREV) every worker runs inside flytekit's task setup with that
 checkpoint destination (and previous attempt's checkpoint): Flyte's checkpoint API as an attempt
 on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s);
-FLYSCALE_TEST_SEED the seed (default 3); FLYSCALE_TEST_CKPT_BASE and FLYSCALE_TEST_STARTED_AT
-put the checkpoints under a shared base, in the run's own directory. Rank 0 writes
+FLYSCALE_TEST_SEED the seed (default 3); FLYSCALE_TEST_CKPT_BASE and FLYSCALE_TEST_OWNER
+put the checkpoints under a shared base, in the directory the run claims there. Rank 0 writes
 OUT/weights.pt and OUT/history.json; every worker writes its pid to OUT/pids/rank<R>-restart<N>
 so a test knows whom to kill.
 """
@@ -40,13 +40,13 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
     from flyscale.cluster.recovery import FlyteMirror
     from flyscale.config import TrainConfig
     from flyscale.train.checkpoint import Checkpointer
-    from flyscale.train.checkpoint_files import run_directory
     from flyscale.train.distributed import process_group
     from flyscale.train.loop import Hooks
     from flyscale_plugins.datasets import digits
     from flyscale_plugins.models import MLP, MLPOptions
     from flyscale_plugins.strategies.ddp import DDPOptions, ddp
     from flyscale_plugins.strategies.pipeline import PipelineOptions, pipeline
+    from tasks.train import restart_directory
 
     root = Path(out)
     setup = contextlib.nullcontext()
@@ -68,16 +68,23 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
         model = MLP().build(MLPOptions(hidden=[64, 32], dropout=0.2), digits.info(None))
         cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=16, lr=2e-3, seed=seed, warmup_epochs=0.5)
         fn, options = (ddp, DDPOptions()) if strategy == "ddp" else (pipeline, PipelineOptions(microbatches=2))
-        # FLYSCALE_TEST_CKPT_BASE: the run's directory under a base shared by several runs, keyed as
-        # the training task keys it (the execution, and when it started: FLYSCALE_TEST_STARTED_AT).
+        # FLYSCALE_TEST_CKPT_BASE: a base shared by several runs, in which rank 0 claims the run
+        # directory as the training task does: keyed by the training (here its seed), held while
+        # it trains, owned by FLYSCALE_TEST_OWNER.
         shared = os.environ.get("FLYSCALE_TEST_CKPT_BASE")
-        ckpt_root = (
-            run_directory(shared, "local", float(os.environ["FLYSCALE_TEST_STARTED_AT"])) if shared else root / "ckpt"
+        claim = (
+            restart_directory(ctx, shared, f"seed{seed}", os.environ["FLYSCALE_TEST_OWNER"])
+            if shared
+            else contextlib.nullcontext(root / "ckpt")
         )
-        checkpointer = Checkpointer(
-            ckpt_root, every_steps=every, keep=2, mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None
-        )
-        result = fn(model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
+        with claim as ckpt_root:
+            checkpointer = Checkpointer(
+                ckpt_root,
+                every_steps=every,
+                keep=2,
+                mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None,
+            )
+            result = fn(model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
         if ctx.is_main:
             torch.save(result.model.state_dict(), root / "weights.pt")
             h = result.history

@@ -179,16 +179,19 @@ def test_workflows_are_wiring_only():
 
 
 def test_tasks_are_cached_except_those_that_read_live_state():
-    """Everything is cached but the tasks whose job is to see what changed: the data's fingerprint,
-    the reference and the gate (the champion as it is now), and the summary of this execution."""
+    """Everything is cached but the tasks whose job is to see what changed: the model check (what
+    the dataset declares now), the data's fingerprint, the reference and the gate (the champion as
+    it is now), and the summary of this execution."""
     from flyscale.tracking.registration import ALWAYS_RUN
     from tests.flyte_graph import workflow_tasks
     from workflows.train import training_pipeline
 
     tasks = workflow_tasks(training_pipeline)  # both data branches included
-    assert len(tasks) == 15  # both data branches, both publish branches
+    assert len(tasks) == 16  # both data branches, both publish branches
     uncached = {name for name, t in tasks.items() if not t.metadata.cache}
-    assert uncached == set(ALWAYS_RUN) == {"fingerprint_data", "read_reference", "gate_model", "summarize"}
+    assert (
+        uncached == set(ALWAYS_RUN) == {"check_model", "fingerprint_data", "read_reference", "gate_model", "summarize"}
+    )
 
 
 def test_configs_and_the_plugin_registry_load_without_torch():

@@ -254,7 +254,7 @@ def test_a_layer_that_cannot_initialise_itself_is_named():
 
     with torch.device("meta"):
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), Scale(), torch.nn.Linear(64, 10))
-    with pytest.raises(TypeError, match=r"layer 1, a Scale, .*no reset_parameters"):
+    with pytest.raises(ValueError, match=r"layer 1, a Scale, .*no reset_parameters"):
         meta.materialise(model, "cpu", seed=0)
 
 
@@ -388,3 +388,34 @@ def test_a_model_with_batchnorm_is_refused_naming_the_layer_and_the_way_out():
     # Without running statistics it is a per-batch normalisation, which every stage computes right.
     untracked = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16, track_running_stats=False), nn.Linear(16, 10))
     pipeline(untracked, _toy_data(), cfg, DistContext(), PipelineOptions())
+
+
+def test_the_check_before_data_work_refuses_what_training_would_refuse():
+    """`check_model` (the first task's check, on the meta device) refuses, at the world size it
+    is given, each thing training itself would refuse later; a model that fits passes."""
+    from flyscale.train.strategies import check_model
+
+    class Scale(nn.Module):  # holds a parameter, but cannot initialise it from the meta device
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(16))
+
+        def forward(self, x):
+            return x * self.weight
+
+    pipe = TrainConfig(strategy="pipeline", batch_size=32, options={"microbatches": 4})
+    with torch.device("meta"):
+        good = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 10))
+        unresettable = nn.Sequential(nn.Linear(64, 16), Scale(), nn.Linear(16, 10))
+    check_model(good, pipe, 2)
+    check_model(nn.Linear(64, 10), TrainConfig(), 4)  # ddp takes any module
+    refusals = [
+        (unresettable, pipe, 2, r"layer 1, a Scale, .*no reset_parameters"),
+        (good, pipe, 4, r"split into 4 pipeline stages|stage \d .* without trainable parameters"),
+        (good, TrainConfig(strategy="pipeline", batch_size=30, options={"microbatches": 4}), 2, "divisible"),
+        (good, TrainConfig(strategy="pipeline", precision="bf16"), 2, r"train.precision='bf16' is not supported"),
+        (nn.Linear(64, 10), TrainConfig(activation_checkpointing=True), 2, "this one is a Linear"),
+    ]
+    for model, cfg, world, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            check_model(model, cfg, world)

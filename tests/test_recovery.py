@@ -20,8 +20,9 @@ import pytest
 import torch
 
 from flyscale.train.checkpoint import Checkpointer
-from flyscale.train.checkpoint_files import MANIFEST, CheckpointError, complete_checkpoints, run_directory
+from flyscale.train.checkpoint_files import MANIFEST, CheckpointError, complete_checkpoints
 from flyscale.train.distributed import DistContext
+from flyscale.train.run_dirs import claimed_directory, is_held, run_directory
 from flyscale.train.state import Position, TrainState
 from tests.conftest import REPO
 
@@ -29,7 +30,9 @@ EVERY = 20  # steps between checkpoints
 EPOCHS = 4  # 47 steps an epoch for ddp on 2 workers (batch 16 each), 93 for the pipeline (batch 16)
 
 
-def _launch(out: Path, strategy: str, restarts: int, *flyte: str, env: dict | None = None) -> subprocess.Popen:
+def _launch(
+    out: Path, strategy: str, restarts: int, *flyte: str, env: dict | None = None, epochs: int = EPOCHS
+) -> subprocess.Popen:
     out.mkdir(parents=True, exist_ok=True)
     log = open(out / "log.txt", "w")
     return subprocess.Popen(
@@ -42,7 +45,7 @@ def _launch(out: Path, strategy: str, restarts: int, *flyte: str, env: dict | No
             "2",
             str(restarts),
             str(EVERY),
-            str(EPOCHS),
+            str(epochs),
             *flyte,
         ],
         cwd=REPO,
@@ -146,45 +149,40 @@ def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, 
 
 
 @pytest.mark.timeout(600)
-def test_two_concurrent_runs_keep_their_checkpoints_apart(tmp_path, uninterrupted):
-    """Two runs of the same execution name (`pyflyte run` calls every local one "local") started
-    a moment apart, with another seed each, checkpointing under one base directory: each is
-    killed and resumes from its own checkpoints, never the other's."""
+def test_a_second_run_of_one_training_keeps_its_checkpoints_apart(tmp_path, uninterrupted):
+    """Two runs of the same training at once (one key: config, data, launcher), under one base:
+    the first holds the training's directory while it trains, the second takes its own. Each is
+    killed and resumes from its own checkpoints, never from those the other is writing.
+
+    The first trains for long (it is the holder; the key here is the seed alone), so a resume of
+    the second from the first's checkpoints would end elsewhere than the run nothing happened to."""
     ref_out, _ = uninterrupted("ddp")
-    base, now = tmp_path / "shared", time.time()
-    runs = []
-    for name, seed, started_at in (("a", 3, now), ("b", 5, now + 0.001)):
-        env = {
-            "FLYSCALE_TEST_CKPT_BASE": str(base),
-            "FLYSCALE_TEST_STARTED_AT": repr(started_at),
-            "FLYSCALE_TEST_SEED": str(seed),
-        }
-        out = tmp_path / name
-        runs.append((out, _launch(out, "ddp", 1, env=env), run_directory(str(base), "local", started_at)))
-    assert runs[0][2] != runs[1][2]
-    # Each is killed as soon as it has two checkpoints, watched side by side: waiting for one
-    # first could let the other, on a busy machine, finish before its turn.
-    alive = list(runs)
-    deadline = time.monotonic() + 120
-    while alive:
-        for out, proc, own in list(alive):
-            if _newest_step(own) >= 2 * EVERY:
-                os.kill(int((out / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
-                alive.remove((out, proc, own))
-            else:
-                assert proc.poll() is None, (
-                    f"{out.name} ended before its fault:\n{(out / 'log.txt').read_text()[-3000:]}"
-                )
-        assert time.monotonic() < deadline, "timed out waiting for the runs' checkpoints"
-        time.sleep(0.01)
-    histories = [_finish(proc, out) for out, proc, _ in runs]
-    for (_, _, own), history in zip(runs, histories):
+    base = tmp_path / "shared"
+    shared = run_directory(str(base), "seed3")
+    env = lambda owner: {"FLYSCALE_TEST_CKPT_BASE": str(base), "FLYSCALE_TEST_OWNER": owner}  # noqa: E731
+    first, second = tmp_path / "first", tmp_path / "second"
+    holder = _launch(first, "ddp", 1, env=env("first"), epochs=400)
+    try:
+        _wait_for(lambda: is_held(shared), holder, first)
+        proc = _launch(second, "ddp", 1, env=env("second"))
+        _wait_for(lambda: len(list(base.iterdir())) == 2, proc, second)
+        (own,) = set(base.iterdir()) - {shared}
+        _wait_for(lambda: _newest_step(own) >= 2 * EVERY, proc, second)
+        os.kill(int((second / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+        history = _finish(proc, second)
+        assert "another run of the same training" in (second / "log.txt").read_text()
         assert history["resumed_from_step"] >= 2 * EVERY and history["resumed_from"].startswith(str(own)), history
         assert history["steps_run"] < history["steps"]  # it resumed rather than started over
-    assert sorted(p.name for p in base.iterdir()) == sorted(own.name for _, _, own in runs)
-    _same_weights(runs[0][0] / "weights.pt", ref_out / "weights.pt")  # run a is exactly the reference
-    with pytest.raises(AssertionError):  # and run b, with its own seed, ended elsewhere
-        _same_weights(runs[1][0] / "weights.pt", ref_out / "weights.pt")
+        _same_weights(second / "weights.pt", ref_out / "weights.pt")
+        # The holder, killed in its turn, goes back to the training's directory, not the other's.
+        os.kill(int((first / "pids" / "rank1-restart0").read_text()), signal.SIGKILL)
+        _wait_for(lambda: "resuming from checkpoint" in (first / "log.txt").read_text(), holder, first)
+        assert re.search(rf"resuming from checkpoint {re.escape(str(shared))}/step-", (first / "log.txt").read_text())
+        assert sorted(base.iterdir()) == sorted([shared, own])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(30)
 
 
 @pytest.mark.timeout(300)
@@ -322,18 +320,45 @@ def test_only_the_newest_checkpoints_are_kept_and_resume_can_be_turned_off(tmp_p
     assert off.restore(_state(), DistContext(), "ddp") is None
 
 
-def test_runs_keep_their_checkpoints_apart(tmp_path):
-    """Keyed by execution and start: two runs, even of one execution id, never share a directory;
-    the restart of a run (the same inputs) finds its own."""
-    a = run_directory(str(tmp_path), "local:host:100", 1000.0)
-    b = run_directory(str(tmp_path), "local:host:101", 1000.0)
-    c = run_directory(str(tmp_path), "local:host:100", 1000.5)
-    assert len({a, b, c}) == 3 and a == run_directory(str(tmp_path), "local:host:100", 1000.0)
-    Checkpointer(a, every_steps=1).save(_state(), Position(step=7), DistContext(), "ddp")
-    Checkpointer(b, every_steps=1).save(_state(), Position(step=9), DistContext(), "ddp")
-    assert Checkpointer(a).restore(_state(), DistContext(), "ddp")[0].step == 7
-    assert Checkpointer(b).restore(_state(), DistContext(), "ddp")[0].step == 9
-    assert Checkpointer(c).restore(_state(), DistContext(), "ddp") is None
+def test_a_run_directory_is_found_by_its_training_and_held_while_it_trains(tmp_path, caplog):
+    """The same training again (after a crash: its lock is gone) finds the directory and its
+    checkpoints; the same training while another run holds it gets a directory of its own, and
+    goes back to that one after a restart; another training, another directory."""
+    base = str(tmp_path)
+    with claimed_directory(base, "k1", "first") as first:
+        Checkpointer(first, every_steps=1).save(_state(), Position(step=7), DistContext(), "ddp")
+        assert is_held(first)
+        with claimed_directory(base, "k1", "second") as second:
+            assert second != first and second.name.startswith(first.name + "-")
+            Checkpointer(second, every_steps=1).save(_state(), Position(step=9), DistContext(), "ddp")
+            assert Checkpointer(second).restore(_state(), DistContext(), "ddp")[0].step == 9
+        assert "another run of the same training" in caplog.text and "first (pid" in caplog.text
+        with claimed_directory(base, "k2", "first") as other:
+            assert other not in (first, second) and Checkpointer(other).restore(_state(), DistContext(), "ddp") is None
+    assert not is_held(first)
+    with claimed_directory(base, "k1", "third") as again:  # the rerun after a Ctrl-C
+        assert again == first and Checkpointer(again).restore(_state(), DistContext(), "ddp")[0].step == 7
+        with claimed_directory(base, "k1", "second") as restarted:  # "second" restarts: back to its own
+            assert restarted == second
+    with claimed_directory(base, "k1", "second") as restarted:  # even with the shared one free
+        assert restarted == second
+
+
+def test_the_training_key_changes_with_what_is_trained():
+    from flyscale.config import ModelConfig, TrainConfig
+    from flyscale.data.source import DataFingerprint
+    from tasks.train import identity
+
+    data, model, train = DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig()
+    key = identity(data, model, train, 2)
+    assert key == identity(DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), 2)
+    others = [
+        identity(DataFingerprint("digits", "abd", "stat"), model, train, 2),
+        identity(data, ModelConfig(name="cnn"), train, 2),
+        identity(data, model, TrainConfig(seed=train.seed + 1), 2),
+        identity(data, model, train, 3),
+    ]
+    assert key not in others and len(set(others)) == 4
 
 
 def test_resume_from_names_a_checkpoint_explicitly(tmp_path):
@@ -355,17 +380,20 @@ def test_resume_from_names_a_checkpoint_explicitly(tmp_path):
 
 def test_flyscale_checkpoints_lists_the_runs_left_behind_and_prunes_the_old_ones(tmp_path):
     base = tmp_path / "base"
-    old, recent = run_directory(str(base), "local:a", 1.0), run_directory(str(base), "local:b", 2.0)
-    for root, steps in ((old, [4]), (recent, [1, 2])):
-        ckpt = Checkpointer(root, every_steps=1, keep=5)
-        for step in steps:
-            ckpt.save(_state(), Position(step=step), DistContext(), "ddp")
-    week_ago = time.time() - 8 * 86400
-    for f in old.rglob("*"):
-        os.utime(f, (week_ago, week_ago))
-    flyscale = [str(Path(sys.executable).parent / "flyscale"), "checkpoints", "--dir", str(base)]
-    listed = subprocess.run(flyscale, capture_output=True, text=True, check=True).stdout
-    assert f"{old}  steps 4..4" in listed and f"{recent}  steps 1..2" in listed
-    pruned = subprocess.run([*flyscale, "--prune-days", "7"], capture_output=True, text=True, check=True).stdout
-    assert f"deleted 1 run folder(s) not written for 7 day(s)\n  {old}" in pruned
-    assert not old.exists() and recent.exists()
+    old, recent = run_directory(str(base), "a"), run_directory(str(base), "b")
+    with claimed_directory(str(base), "c", "a live run") as busy:
+        for root, steps in ((old, [4]), (recent, [1, 2]), (busy, [3])):
+            ckpt = Checkpointer(root, every_steps=1, keep=5)
+            for step in steps:
+                ckpt.save(_state(), Position(step=step), DistContext(), "ddp")
+        week_ago = time.time() - 8 * 86400
+        for f in [*old.rglob("*"), *busy.rglob("*")]:
+            os.utime(f, (week_ago, week_ago))
+        flyscale = [str(Path(sys.executable).parent / "flyscale"), "checkpoints", "--dir", str(base)]
+        listed = subprocess.run(flyscale, capture_output=True, text=True, check=True).stdout
+        assert f"{old}  steps 4..4" in listed and f"{recent}  steps 1..2" in listed
+        assert re.search(rf"{re.escape(str(busy))}  steps 3..3 .* ago  \(in use: a run is training in it\)", listed)
+        assert listed.count("in use") == 1
+        pruned = subprocess.run([*flyscale, "--prune-days", "7"], capture_output=True, text=True, check=True).stdout
+        assert f"deleted 1 run folder(s) not written for 7 day(s)\n  {old}" in pruned
+        assert not old.exists() and recent.exists() and busy.exists()  # a held one is never pruned

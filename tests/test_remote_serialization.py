@@ -176,6 +176,7 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
     assert changed == {"tasks.train.train_model", "tasks.preflight.preflight_check"}
     cached = {n for n, s in one.items() if s.template.metadata.discoverable}
     always = {
+        "tasks.preflight.check_model",
         "tasks.data.fingerprint_data",
         "tasks.data.read_reference",
         "tasks.evaluate.gate_model",

@@ -138,7 +138,7 @@ CASES = [
         [
             "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
             "acme-cuda-kernels",
-            "Other models: acme_linear, acme_no_build, acme_tiny_mlp, cnn, mlp",
+            "Other models: acme_bn_mlp, acme_linear, acme_no_build, acme_residual, acme_tiny_mlp, cnn, mlp",
         ],
     ),
     (
@@ -146,8 +146,8 @@ CASES = [
         "resnet9000",
         "{}",
         [
-            "model.name: unknown model 'resnet9000'; available: acme_broken, acme_linear, acme_no_build, "
-            "acme_tiny_mlp, cnn, mlp",
+            "model.name: unknown model 'resnet9000'; available: acme_bn_mlp, acme_broken, acme_linear, "
+            "acme_no_build, acme_residual, acme_tiny_mlp, cnn, mlp",
         ],
     ),
     (
@@ -256,6 +256,43 @@ def test_plugin_of_the_wrong_shape_is_refused_before_any_task_starts(site, tmp_p
     # Nothing ran: no task started (flytekit logs each one it runs) and no MLflow store was made.
     assert "load_data" not in out and "train_model" not in out, out[-3000:]
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (
+            "acme_bn_mlp",
+            "model 'acme_bn_mlp' cannot be trained with train.strategy 'pipeline' on 2 worker(s): the pipeline "
+            "strategy cannot keep BatchNorm's running statistics right, and the model has 1 (BatchNorm1d): use "
+            "LayerNorm or GroupNorm in the model, BatchNorm with track_running_stats=False, or train.strategy: ddp",
+        ),
+        (
+            "acme_residual",
+            "model 'acme_residual' cannot be trained with train.strategy 'pipeline' on 2 worker(s): the pipeline "
+            "strategy cuts the model between its layers, so it needs an nn.Sequential, and this one is a Residual: "
+            "build it as an nn.Sequential of whole layers, or use train.strategy: ddp",
+        ),
+    ],
+)
+def test_a_model_its_strategy_cannot_train_is_refused_before_any_data_work(site, tmp_path, model, message):
+    """A plugin's model the pipeline strategy cannot cut, or cannot keep right, fails in the check
+    that runs first: no data read, nothing trained; the failed run is kept in MLflow."""
+    preset = tmp_path / "wrong.yaml"
+    preset.write_text(yaml.safe_dump({"model": {"name": model}, "train": {"strategy": "pipeline"}}))
+    home = tmp_path / "home"
+    home.mkdir()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": _env(site)["PYTHONPATH"]}
+    proc = run_pipeline(home, "--cfg", str(preset), env=env, timeout=280)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert message in " ".join(out.split()), out[-3000:]
+    ran = re.findall(r"Invoking (tasks\.\w+\.\w+)", out)  # flytekit logs every task it starts
+    assert ran == ["tasks.preflight.check_model"], ran
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("flyscale").experiment_id])
+    assert run.info.status == "FAILED" and run.data.params["model.name"] == model
 
 
 TYPED_USE = """

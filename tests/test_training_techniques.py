@@ -225,7 +225,8 @@ def test_input_bound_run_is_diagnosed_with_the_knob_to_turn():
     cfg = TrainConfig(epochs=1, batch_size=16)
     model = _mlp()
     opt = make_optimizer(model, cfg)
-    loader = make_loader(SlowDigits(x, y, 0.005), None, cfg, DistContext())
+    # 0.5 s of reads a batch: far more than a loaded machine's first steps of this MLP take.
+    loader = make_loader(SlowDigits(x, y, 0.03), None, cfg, DistContext())
     history = fit(
         model, standard_step(model, opt, cfg, CPU), loader, lambda: (0.0, 0.0, 1.0), cfg, DistContext(), "ddp"
     )

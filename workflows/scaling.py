@@ -20,6 +20,7 @@ from tasks.data import (
     split_data,
     validate_data,
 )
+from tasks.preflight import check_model
 from tasks.scaling import (
     close_failed_study,
     report_study,
@@ -32,8 +33,9 @@ from tasks.scaling import (
 # A task that fails leaves the points' live MLflow runs FAILED, not RUNNING for ever.
 @workflow(on_failure=close_failed_study)
 def scaling_study(cfg: StudyConfig = StudyConfig()) -> StudySummary:  # noqa: B008 (a Flyte input's default)
-    """fingerprint -> load -> validate -> split -> every point (subset, train and measure) -> report -> summary."""
-    fingerprint, streaming, started = fingerprint_data(cfg=cfg.data)
+    """check the base model -> fingerprint -> load -> validate -> split -> every point (subset, train and measure) -> report -> summary."""
+    model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train)
+    fingerprint, streaming, started = fingerprint_data(cfg=cfg.data, model=model)
     raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
     clean, validated, validate_ran = validate_data(

@@ -16,7 +16,7 @@ from flyscale.config import PipelineConfig
 from flyscale.render.summary import RunSummary
 from tasks.data import fingerprint_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
-from tasks.preflight import preflight_check
+from tasks.preflight import check_model, preflight_check
 from tasks.register import close_failed_run, record_candidate, register_model, summarize
 from tasks.train import train_model
 from workflows.data import in_memory_data, streamed_data
@@ -25,9 +25,10 @@ from workflows.data import in_memory_data, streamed_data
 # A task that fails leaves the execution's MLflow run FAILED, not RUNNING for ever.
 @workflow(on_failure=close_failed_run)
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
-    """fingerprint -> data (in memory, or streamed) -> preflight -> train -> evaluate -> quantize
+    """check the model -> fingerprint -> data (in memory, or streamed) -> preflight -> train -> evaluate -> quantize
     -> gate -> register (every gate passed) or record (one failed) -> summarize."""
-    fingerprint, streaming, started = fingerprint_data(cfg=cfg.data)
+    model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train)
+    fingerprint, streaming, started = fingerprint_data(cfg=cfg.data, model=model)
     train, val, test, validated, data_ran = (
         conditional("data")
         .if_(streaming.is_true())

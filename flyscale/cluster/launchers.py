@@ -215,6 +215,13 @@ def launcher_facts() -> str:
     return ":".join(f"{s.name}={s.get()}" for s in LAUNCHER_SETTINGS if s is not settings.MAX_RESTARTS)
 
 
+def planned_world_size() -> int:
+    """How many worker processes the configured launcher trains with on a cluster (a classic
+    PyTorchJob: one a pod; elastic: nodes times processes per node)."""
+    nnodes = settings.NNODES.integer(1)
+    return nnodes if settings.LAUNCHER.get() == "pytorch" else nnodes * settings.NPROC_PER_NODE.integer(1)
+
+
 def launcher_environment() -> dict[str, str]:
     """The launcher's settings as registered, for the training tasks' environment: a pod imports
     the task module again, and must build the same launcher (nodes, processes, restarts) that was

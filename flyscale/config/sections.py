@@ -157,7 +157,7 @@ class RecoveryConfig(Section):
     # The local restart directory; checkpoints go in a folder per run under it. "" = ~/.flyscale/checkpoints.
     # On a multi-node cluster make it a volume every node mounts.
     checkpoint_dir: str = ""
-    resume: bool = True  # resume from the newest checkpoint of this run when one exists
+    resume: bool = True  # resume from the newest checkpoint of this training (a restart, a retry, a rerun)
     # A checkpoint to resume from instead (a step-* directory, or a run directory: its newest),
     # e.g. one a run that was stopped left behind. `flyscale checkpoints` lists them.
     resume_from: str = ""

@@ -160,6 +160,16 @@ def _library_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(out.items())
 
 
+def code_version(task_module: str, plugin_kinds: tuple[str, ...]) -> str:
+    """A hash of the source of `task_module`, every first-party module it imports (transitively)
+    and the installed plugins of `plugin_kinds`."""
+    plugin_roots = [m for kind in plugin_kinds for m in registry.ALL[kind].source_modules()]
+    # The task's own package and each plugin's package are first-party here: their imports count too.
+    packages = {CORE, task_module.split(".")[0]} | {m.split(".")[0] for m in plugin_roots}
+    modules = module_closure([task_module], tuple(sorted(packages)), optional_roots=tuple(plugin_roots))
+    return source_hash(modules)
+
+
 def _image(params: VersionParameters) -> str:
     image = params.container_image
     if image is None or isinstance(image, str):
@@ -187,13 +197,8 @@ class SourcePolicy:
 
     def describe(self, params: VersionParameters) -> dict[str, Any]:
         """The facts the version is made of, by name (what a person reads to see why a task re-ran)."""
-        task_module = params.func.__module__
-        plugin_roots = [m for kind in self.plugin_kinds for m in registry.ALL[kind].source_modules()]
-        # The task's own package and each plugin's package are first-party here: their imports count too.
-        packages = {CORE, task_module.split(".")[0]} | {m.split(".")[0] for m in plugin_roots}
-        modules = module_closure([task_module], tuple(sorted(packages)), optional_roots=tuple(plugin_roots))
         return {
-            "code": source_hash(modules),
+            "code": code_version(params.func.__module__, self.plugin_kinds),
             "image": _image(params),
             "libraries": library_versions(self.libraries),
             **{name: fact() for name, fact in sorted(self.facts.items())},

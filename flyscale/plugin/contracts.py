@@ -105,6 +105,9 @@ class StrategyPlugin(Protocol):
     as in data parallelism; False when every worker sees the same global batch (pipelining).
     Optional attribute `meta_model` (default False): True to receive the model on the meta
     device, for a strategy that materialises only its own part.
+    Optional method `check(model, cfg, options, world_size)`: raise ValueError, naming the layer
+    or setting and the way out, for a model (built on the meta device) or a config this strategy
+    cannot train at that world size. It runs before any data is read.
     """
 
     # data: flyscale.api.TrainData, cfg: TrainConfig, ctx: DistContext, hooks: Hooks; returns a
@@ -144,6 +147,7 @@ SIGNATURE_HINTS: dict[tuple[str, str], str] = {
 # Methods a kind may leave out, and the arguments flyscale passes when it is there.
 OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
     "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"]},
+    "strategies": {"check": ["model", "cfg", "options", "world_size"]},
 }
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.

@@ -30,7 +30,13 @@ from flyscale.tracking.store import run_name
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
 
-ALWAYS_RUN = ["fingerprint_data", "read_reference", "gate_model", "summarize"]  # never cached: they read live state
+ALWAYS_RUN = [
+    "check_model",
+    "fingerprint_data",
+    "read_reference",
+    "gate_model",
+    "summarize",
+]  # never cached: they read live state
 
 
 def git_commit() -> str:

@@ -16,9 +16,10 @@ afterwards. Damage (a missing, truncated or altered file) and incompatibility (a
 another world size) are found from the manifest before anything is loaded, and refused with
 the path and what is wrong. Files are read with `torch.load(weights_only=True)`: no pickle.
 
-Two kinds of restart find them:
-- torch-elastic restarting the worker group inside one Flyte attempt, which reads the local
-  restart directory (keyed by run, so concurrent runs never meet);
+Three kinds of restart find them:
+- torch-elastic restarting the worker group inside one Flyte attempt, and the same command run
+  again after a Ctrl-C or a crash, which read the local restart directory (keyed by what is
+  trained and held while it trains: `run_dirs`);
 - Flyte retrying the task, which restores what the previous attempt uploaded through Flyte's
   checkpoint API (a `Mirror`, given by the training task; this module knows nothing of Flyte).
 

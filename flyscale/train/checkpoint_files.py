@@ -5,13 +5,9 @@ docstring). No ranks here: `Checkpointer` decides who writes what.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +16,6 @@ import torch
 from flyscale.model import file_sha256
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BASE = Path.home() / ".flyscale" / "checkpoints"  # recovery.checkpoint_dir's default
-
 
 FORMAT = 1
 
@@ -127,15 +120,6 @@ def tensor_difference(saved: list[list], built: list[list]) -> str:
     return "the same tensors in another order"
 
 
-def run_directory(base: str, execution: str, started_at: float) -> Path:
-    """The local restart directory of one run: `base` (or ~/.flyscale/checkpoints) / a key of
-    the execution and its start. A restart of the worker group and a retry of the task see the
-    same key (the same inputs); two runs, concurrent or not, never share one."""
-    root = Path(base).expanduser() if base else DEFAULT_BASE
-    key = hashlib.sha256(f"{execution}|{started_at!r}".encode()).hexdigest()[:16]
-    return root / f"run-{key}"
-
-
 def chosen_checkpoint(path: Path) -> Path:
     """The checkpoint `recovery.resume_from` names: a step-* directory, or the newest complete one
     of a run directory; CheckpointError naming the path when there is none."""
@@ -147,40 +131,3 @@ def chosen_checkpoint(path: Path) -> Path:
             f"recovery.resume_from {str(path)!r} is no checkpoint and holds none (`flyscale checkpoints` lists them)"
         )
     return found[-1]
-
-
-@dataclass
-class RunCheckpoints:
-    """One run directory under the checkpoint base, as `flyscale checkpoints` lists it."""
-
-    path: Path
-    steps: list[int]  # its complete checkpoints' steps, oldest first
-    bytes: int
-    modified: float  # the newest file's mtime: when the run last wrote
-
-
-def run_directories(base: str) -> list[RunCheckpoints]:
-    """Every run directory under `base` (or ~/.flyscale/checkpoints), least recently written first."""
-    root = Path(base).expanduser() if base else DEFAULT_BASE
-    runs = []
-    for run in sorted(root.glob("run-*")) if root.is_dir() else []:
-        stats = [f.stat() for f in run.rglob("*") if f.is_file()]
-        runs.append(
-            RunCheckpoints(
-                run,
-                [step_of(p) for p in complete_checkpoints(run)],
-                sum(st.st_size for st in stats),
-                max((st.st_mtime for st in stats), default=run.stat().st_mtime),
-            )
-        )
-    return sorted(runs, key=lambda r: r.modified)
-
-
-def prune(base: str, older_than_s: float, now: float | None = None) -> list[Path]:
-    """Delete the run directories under `base` not written for `older_than_s`; what was deleted."""
-    now = time.time() if now is None else now
-    gone = [r.path for r in run_directories(base) if now - r.modified > older_than_s]
-    for path in gone:
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("deleted checkpoints of an old run: %s", path)
-    return gone

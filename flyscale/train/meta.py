@@ -55,13 +55,19 @@ def materialise(
     return model
 
 
+def check_materialisable(model: nn.Module) -> None:
+    """ValueError naming the first layer `materialise` could not initialise (see _check_resettable)."""
+    for i, layer in enumerate(layers_of(model)):
+        _check_resettable(layer, i)
+
+
 def _check_resettable(layer: nn.Module, index: int) -> None:
     """Every module holding tensors of its own must know how to initialise them (reset_parameters)."""
     for name, module in layer.named_modules():
         owns = any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False))
         if owns and not callable(getattr(module, "reset_parameters", None)):
             where = f"layer {index}" + (f" ({name})" if name else "")
-            raise TypeError(
+            raise ValueError(
                 f"cannot initialise {where}, a {type(module).__name__}, from the meta device: it holds parameters or "
                 "buffers but has no reset_parameters() method. Give it one (torch's own layers all have it), "
                 "or use a strategy that builds the model in memory (e.g. 'ddp')"

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import nn
+
 from flyscale.config import TrainConfig
+from flyscale.train import meta
 
 
 def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -16,3 +19,18 @@ def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
 def wants_meta_model(cfg: TrainConfig) -> bool:
     """Whether the configured strategy takes its model on the meta device (`meta_model = True`)."""
     return bool(cfg.plugin.attribute("meta_model"))
+
+
+def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:
+    """Refuse, before any data work, a model the configured training cannot train: the loop's
+    own needs, then the strategy's `check` (where it has one). ValueError naming what and why."""
+    if cfg.activation_checkpointing and not isinstance(model, nn.Sequential):
+        raise ValueError(
+            f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
+            f"{type(model).__name__}: set it to false, or build the model as a Sequential"
+        )
+    if wants_meta_model(cfg):  # it will materialise the layers from the meta device
+        meta.check_materialisable(model)
+    check = getattr(cfg.plugin.plugin, "check", None)
+    if check is not None:
+        check(model, cfg, cfg.plugin.options, world_size)

@@ -78,7 +78,10 @@ def auto_split_points(model: nn.Sequential, n_stages: int) -> list[int]:
 def sequential(model: nn.Module) -> nn.Sequential:
     """`model`, which the pipeline strategy cuts between layers: it must be an nn.Sequential."""
     if not isinstance(model, nn.Sequential):
-        raise TypeError(f"the pipeline strategy needs an nn.Sequential model, got {type(model).__name__}")
+        raise ValueError(
+            f"the pipeline strategy cuts the model between its layers, so it needs an nn.Sequential, and this "
+            f"one is a {type(model).__name__}: build it as an nn.Sequential of whole layers, or use train.strategy: ddp"
+        )
     return model
 
 
@@ -237,12 +240,17 @@ def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> Batches
     return data.train_loader(cfg, ctx, shard=False, drop_last=True)
 
 
-def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> None:
+def _check_config(cfg: TrainConfig, options: PipelineOptions) -> None:
+    _unsupported(cfg)
     if cfg.batch_size % options.microbatches:
         raise ValueError(
             f"train.batch_size ({cfg.batch_size}) must be divisible by train.options.microbatches "
             f"({options.microbatches}) for the pipeline strategy"
         )
+
+
+def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> None:
+    _check_config(cfg, options)
     if data.train_rows < cfg.batch_size:
         raise ValueError(f"train.batch_size ({cfg.batch_size}) exceeds the {data.train_rows} training rows")
 
@@ -315,12 +323,19 @@ class Pipeline:
         """Train this rank's stage of `model`; rank 0 ends with the whole trained model."""
         return _train(model, data, cfg, ctx, options, hooks)
 
+    def check(self, model: nn.Module, cfg: TrainConfig, options: PipelineOptions, world_size: int) -> None:
+        """Before any data work: the model cuts into `world_size` stages (an nn.Sequential, with
+        trainable layers in each), keeps no running statistics, and the config is one this
+        strategy applies."""
+        _check_config(cfg, options)
+        refuse_running_statistics(model)
+        split_bounds(model, world_size, options.split_points)
+
 
 def _train(
     model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions, hooks: Hooks
 ) -> TrainResult:
     _check_batches(data, cfg, options)
-    _unsupported(cfg)
     refuse_running_statistics(model)
     stage = build_stage(model, ctx, options, seed=cfg.seed)
     # lr scaling follows the global batch, which here is train.batch_size whatever the world size.

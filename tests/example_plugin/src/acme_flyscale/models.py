@@ -40,3 +40,28 @@ class NoBuild:
 
     def biuld(self, options, info):
         raise AssertionError("never called")
+
+
+class BatchNormMLP:
+    """Linear -> BatchNorm -> ReLU -> Linear: fine under data parallelism; under the pipeline
+    strategy a later stage sees only micro-batches, so flyscale refuses it before any data work."""
+
+    def build(self, options, info) -> nn.Sequential:
+        features = math.prod(info.input_shape)
+        return nn.Sequential(nn.Linear(features, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, info.num_classes))
+
+
+class Residual(nn.Module):
+    """A plain nn.Module (a skip connection): data parallelism trains it, a pipeline cannot cut it."""
+
+    def __init__(self, features: int, classes: int):
+        super().__init__()
+        self.inner, self.head = nn.Linear(features, features), nn.Linear(features, classes)
+
+    def forward(self, x):
+        return self.head(x + self.inner(x).relu())
+
+
+class ResidualModel:
+    def build(self, options, info) -> nn.Module:
+        return Residual(math.prod(info.input_shape), info.num_classes)

@@ -1,0 +1,159 @@
+"""Run directories: where one training keeps its checkpoints between restarts, found again by
+what it trains, held while it trains, and removed when nobody will resume from them.
+
+A run directory is `<base>/run-<key>`, the key a hash of everything that makes the training
+what it is: the data's fingerprint, the model and train config, the launcher and world size,
+and the code (see `training_key`). The same command run again after a Ctrl-C or a crash has
+the same key, so it finds the checkpoints its first try left and resumes from them; another
+config, other data or other code has another key and starts afresh.
+
+Rank 0 holds the directory while it trains with an advisory lock (`flock` on `.lock` inside
+it), which the kernel drops however the process ends, so no stale lock outlives a crash. A
+second run of the same training started while the first still runs finds the lock held and
+takes a directory of its own (`run-<key>-<owner>`): the two never write one checkpoint, and
+the second never resumes from a checkpoint the first is still writing. Pruning and
+`flyscale checkpoints` skip or mark directories that are held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flyscale.train.checkpoint_files import CheckpointError, complete_checkpoints, step_of
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE = Path.home() / ".flyscale" / "checkpoints"  # recovery.checkpoint_dir's default
+
+LOCK = ".lock"
+
+
+def base_directory(base: str) -> Path:
+    return Path(base).expanduser() if base else DEFAULT_BASE
+
+
+def training_key(facts: Mapping[str, Any]) -> str:
+    """The key of a training: a hash of the facts that decide what it computes (JSON-able)."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_directory(base: str, key: str) -> Path:
+    """The restart directory of the training `key` under `base` (or ~/.flyscale/checkpoints)."""
+    return base_directory(base) / f"run-{key}"
+
+
+def _try_lock(directory: Path, owner: str) -> int | None:
+    """An fd holding `directory`'s lock (the file then names `owner`), or None if another holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, json.dumps({"owner": owner, "pid": os.getpid(), "host": os.uname().nodename}).encode())
+    return fd
+
+
+def holder(directory: Path) -> str:
+    """Who holds `directory`'s lock, as its lock file says ("" when unreadable)."""
+    try:
+        info = json.loads((directory / LOCK).read_text())
+        return f"{info['owner']} (pid {info['pid']} on {info['host']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def is_held(directory: Path) -> bool:
+    """Whether a live process holds `directory`'s lock now."""
+    if not (directory / LOCK).is_file():
+        return False
+    fd = os.open(directory / LOCK, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken just now
+    return False
+
+
+@contextlib.contextmanager
+def claimed_directory(base: str, key: str, owner: str) -> Iterator[Path]:
+    """The restart directory for training `key`, held by this process until the block ends.
+
+    `owner` names this run (its execution and start). A run that fell back to a directory of
+    its own before (a restart of its workers, a retry) goes back to it; otherwise it takes the
+    training's shared directory, or its own where another live run holds that one.
+    """
+    shared = run_directory(base, key)
+    apart = shared.with_name(f"{shared.name}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}")
+    candidates = [apart] if complete_checkpoints(apart) else [shared, apart]
+    for directory in candidates:
+        fd = _try_lock(directory, owner)
+        if fd is None:
+            log.warning(
+                "another run of the same training (the same config, data, launcher and code) is "
+                "checkpointing in %s: %s. This one keeps its checkpoints apart and does not resume from those",
+                directory,
+                holder(directory) or "its lock file is unreadable",
+            )
+            continue
+        try:
+            yield directory
+        finally:
+            os.close(fd)
+        return
+    raise CheckpointError(f"run {owner} already holds its own checkpoint directory {apart} in another process")
+
+
+@dataclass
+class RunCheckpoints:
+    """One run directory under the checkpoint base, as `flyscale checkpoints` lists it."""
+
+    path: Path
+    steps: list[int]  # its complete checkpoints' steps, oldest first
+    bytes: int
+    modified: float  # the newest file's mtime: when the run last wrote
+    held: bool  # a live run is training in it
+
+
+def run_directories(base: str) -> list[RunCheckpoints]:
+    """Every run directory under `base` (or ~/.flyscale/checkpoints), least recently written first."""
+    root = base_directory(base)
+    runs = []
+    for run in sorted(root.glob("run-*")) if root.is_dir() else []:
+        stats = [f.stat() for f in run.rglob("*") if f.is_file() and f.name != LOCK]
+        runs.append(
+            RunCheckpoints(
+                run,
+                [step_of(p) for p in complete_checkpoints(run)],
+                sum(st.st_size for st in stats),
+                max((st.st_mtime for st in stats), default=run.stat().st_mtime),
+                is_held(run),
+            )
+        )
+    return sorted(runs, key=lambda r: r.modified)
+
+
+def prune(base: str, older_than_s: float, now: float | None = None) -> list[Path]:
+    """Delete the run directories under `base` not written for `older_than_s` and held by no live
+    run; what was deleted."""
+    now = time.time() if now is None else now
+    gone = [r.path for r in run_directories(base) if now - r.modified > older_than_s and not r.held]
+    for path in gone:
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("deleted checkpoints of an old run: %s", path)
+    return gone
