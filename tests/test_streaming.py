@@ -185,6 +185,51 @@ def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(
     )
 
 
+def test_a_streamed_duplicate_is_confirmed_by_its_values_not_its_hash(tmp_path):
+    """Rows that differ but share a content hash (within a chunk, and with a row of an earlier
+    file) are all kept; the true duplicates, within a chunk and across chunks, are quarantined."""
+    from flyscale.config import DataConfig
+    from flyscale.data import source, stream_prep
+    from flyscale.data.reference import Reference
+
+    rng = np.random.default_rng(1)
+    files = [
+        pd.DataFrame(rng.random((200, 2)), columns=["f0", "f1"]).assign(target=np.arange(200) % 2) for _ in range(3)
+    ]
+    files[1].iloc[20] = files[1].iloc[10].to_numpy()  # within one chunk
+    files[1].iloc[150] = files[1].iloc[40].to_numpy()  # across chunks of one file
+    files[2].iloc[5] = files[0].iloc[3].to_numpy()  # across files
+    for i, frame in enumerate(files):
+        frame.to_parquet(tmp_path / f"part-{i}.parquet", index=False)
+    # Distinct rows given one hash: two in the first chunk, two in later files.
+    colliding = [files[0].f0[7], files[0].f0[8], files[1].f0[30], files[2].f0[9]]
+
+    def collide(rows: pd.DataFrame) -> np.ndarray:
+        digest = stream_prep.row_hash(rows)
+        digest[rows["f0"].isin(colliding).to_numpy()] = 42
+        return digest
+
+    cfg = DataConfig(dataset="parquet_stream", options={"path": str(tmp_path), "label": "target"})
+    r, info = cfg.plugin, source.info(cfg)
+    strong, weak = (
+        stream_prep.prepare(r.plugin.chunks(r.options, rows=100), cfg, info, Reference(), hash_rows=h)
+        for h in (stream_prep.row_hash, collide)
+    )
+    for out in (strong, weak):
+        quarantined = shards.read(out.quarantined.dir.path)
+        assert sorted(zip(quarantined["source_file"], quarantined["source_row"])) == [
+            (str(tmp_path / "part-1.parquet"), 20),
+            (str(tmp_path / "part-1.parquet"), 150),
+            (str(tmp_path / "part-2.parquet"), 5),
+        ]
+        assert set(quarantined["reason"]) == {stream_prep.DUPLICATE}
+        assert (out.report.valid_rows, out.report.quarantined_rows) == (597, 3)
+    key = ["f0", "f1", info.label_column]
+    for split in ("train", "val", "test"):
+        kept = [shards.read(getattr(out, split).dir.path).sort_values(key, ignore_index=True) for out in (strong, weak)]
+        assert kept[0].equals(kept[1])
+
+
 def test_validation_batches_hold_every_streamed_row_in_order(tmp_path):
     """What the pipeline strategy's stages validate on (each rank all of it, the same): every
     row of the validation shards once, in order, in batches of at most the size asked for."""

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow
 import pyarrow.parquet as pq
@@ -86,6 +87,7 @@ class ShardWriter:
             self._flush(self._pending_rows)
         if self._writer is not None:
             self._writer.close()
+            self._writer, self._in_file = None, 0  # rows written after this go to a new file
         if self._count == 0 and schema is not None:
             pq.write_table(schema.empty_table(), self.root / "part-00000.parquet")
         return Shards(dir=FlyteDirectory(str(self.root)), rows=self.rows, streamed=self.streamed)
@@ -131,6 +133,24 @@ def units(path: str) -> list[Unit]:
         meta = pq.ParquetFile(f).metadata
         out += [Unit(f, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
     return out
+
+
+def take(units_: list[Unit], ordinals: np.ndarray) -> pd.DataFrame:
+    """The rows at these positions (0 is the split's first row), in the order asked for; each row
+    group that holds one is read once."""
+    if len(ordinals) == 0:
+        return pq.ParquetFile(units_[0].file).schema_arrow.empty_table().to_pandas() if units_ else pd.DataFrame()
+    starts = np.cumsum([0] + [u.rows for u in units_])
+    order = np.argsort(ordinals, kind="stable")
+    wanted = np.asarray(ordinals, dtype="int64")[order]
+    group = np.searchsorted(starts, wanted, side="right") - 1
+    parts = []
+    for g in np.unique(group):
+        unit = units_[g]
+        table = pq.ParquetFile(unit.file).read_row_group(unit.row_group)
+        parts.append(table.take(pyarrow.array(wanted[group == g] - starts[g])))
+    rows = pyarrow.concat_tables(parts).to_pandas()
+    return rows.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
 
 
 def size_bytes(path: str) -> int:
