@@ -1,6 +1,7 @@
 """Promotion on one fact, through real `pyflyte run` against a real MLflow server:
 MLflow failing while gating or registering fails the run retryably with the registry unchanged;
-two runs racing to promote move the alias once; a run after the champion changed re-judges."""
+two runs racing to promote move the alias once; a run after the champion changed re-judges; a
+sweep leaves the best run champion."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flyscale.config.publishing import GatesConfig
 from flyscale.tracking import champion
 from tests.conftest import BIN, REPO, free_port, run_pipeline
 from tests.faults import FaultProxy, after, fail_registry, fail_writes, training_workers
@@ -219,3 +221,29 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     )
     assert sorted(m.name for m in logged) == ["model", "model_int8"]
     assert sorted(v.version for v in client.search_model_versions(f"name='{name}'")) == ["1", better.version]
+
+
+@pytest.mark.timeout(900)
+def test_a_sweep_with_the_default_gates_leaves_the_best_run_champion(tmp_path, mlflow_server):
+    """Three learning rates, one after another, through the default gates (min_metric's bar
+    lowered so that all three pass it): the champion is the run with the best test accuracy. The
+    last run is the worst, so "the latest passing run wins" fails here."""
+    gates = [{"name": g.name, "options": g.options} for g in GatesConfig().gates]
+    assert [g["name"] for g in gates] == ["min_metric", "beats_champion", "quantization"]
+    gates[0]["options"] = {"threshold": 0.85}
+    name = f"sweep-{uuid.uuid4().hex[:6]}"
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    client = MlflowClient(mlflow_server)
+    accuracy = {}
+    for lr in (2e-3, 5e-3, 2e-2):
+        preset = _preset(tmp_path, name, gate=gates)
+        proc = run_pipeline(tmp_path, "--cfg", preset, "--cfg", f'{{"train": {{"lr": {lr}}}}}', env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+        run = client.get_run(re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1))
+        assert float(run.data.params["train.lr"]) == lr
+        accuracy[lr] = run.data.metrics["test_accuracy"]
+    assert accuracy[2e-2] < max(accuracy.values()), accuracy
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert client.get_run(champion.run_id).data.metrics["test_accuracy"] == max(accuracy.values()), accuracy
+    # Only a run that beat the champion of its day was registered.
+    assert len(client.search_model_versions(f"name='{name}'")) == (2 if accuracy[5e-3] > accuracy[2e-3] else 1)
