@@ -75,14 +75,22 @@ def autocast(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def check_checkpointable(model: nn.Module) -> None:
+    """Activation checkpointing recomputes segment by segment, so it needs an nn.Sequential."""
+    if not isinstance(model, nn.Sequential):
+        raise ValueError(
+            f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
+            f"{type(model).__name__}: set it to false, or build the model as a Sequential"
+        )
+
+
 def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.Module:
     """Recompute activations in backward, segment by segment, for an nn.Sequential.
 
     Replacing the instance's forward (rather than wrapping the module) keeps state_dict keys
     unchanged and still routes DDP's forward through its wrapper.
     """
-    if not isinstance(model, nn.Sequential):
-        raise ValueError("train.activation_checkpointing needs a model built as nn.Sequential")
+    check_checkpointable(model)
     segments = min(segments, len(model))
 
     def forward(self, x):

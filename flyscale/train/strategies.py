@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from flyscale.config import TrainConfig
-from flyscale.train import meta
+from flyscale.train import meta, step
 
 
 def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -24,11 +24,8 @@ def wants_meta_model(cfg: TrainConfig) -> bool:
 def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:
     """Refuse, before any data work, a model the configured training cannot train: the loop's
     own needs, then the strategy's `check` (where it has one). ValueError naming what and why."""
-    if cfg.activation_checkpointing and not isinstance(model, nn.Sequential):
-        raise ValueError(
-            f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
-            f"{type(model).__name__}: set it to false, or build the model as a Sequential"
-        )
+    if cfg.activation_checkpointing:
+        step.check_checkpointable(model)
     if wants_meta_model(cfg):  # it will materialise the layers from the meta device
         meta.check_materialisable(model)
     check = getattr(cfg.plugin.plugin, "check", None)
