@@ -75,13 +75,15 @@ def autocast(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def check_checkpointable(model: nn.Module) -> None:
-    """Activation checkpointing recomputes segment by segment, so it needs an nn.Sequential."""
+def checkpointable(model: nn.Module) -> nn.Sequential:
+    """The model, if activation checkpointing can split it: it recomputes segment by segment, so
+    it needs an nn.Sequential."""
     if not isinstance(model, nn.Sequential):
         raise ValueError(
             f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
             f"{type(model).__name__}: set it to false, or build the model as a Sequential"
         )
+    return model
 
 
 def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.Module:
@@ -90,16 +92,16 @@ def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.M
     Replacing the instance's forward (rather than wrapping the module) keeps state_dict keys
     unchanged and still routes DDP's forward through its wrapper.
     """
-    check_checkpointable(model)
-    segments = min(segments, len(model))
+    sequential = checkpointable(model)
+    segments = min(segments, len(sequential))
 
     def forward(self, x):
         if not self.training or not torch.is_grad_enabled():
             return nn.Sequential.forward(self, x)
         return checkpoint_sequential(self, segments, x, use_reentrant=False)
 
-    model.forward = types.MethodType(forward, model)  # type: ignore[method-assign]  # on purpose: see above
-    return model
+    sequential.forward = types.MethodType(forward, sequential)  # type: ignore[method-assign]  # on purpose: see above
+    return sequential
 
 
 def standard_step(

@@ -25,7 +25,7 @@ def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:
     """Refuse, before any data work, a model the configured training cannot train: the loop's
     own needs, then the strategy's `check` (where it has one). ValueError naming what and why."""
     if cfg.activation_checkpointing:
-        step.check_checkpointable(model)
+        step.checkpointable(model)
     if wants_meta_model(cfg):  # it will materialise the layers from the meta device
         meta.check_materialisable(model)
     check = getattr(cfg.plugin.plugin, "check", None)
