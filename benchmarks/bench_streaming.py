@@ -141,10 +141,11 @@ def _read_into_memory(path: str) -> int:
 
 
 def _stream(path: str) -> int:
+    from flyscale.data.fields import Reader
     from flyscale.data.shards import units
     from flyscale.data.streaming import StreamingShards
 
-    loader = StreamingShards(units(path), FEATURES, "label", BATCH, rank=0, world=1, workers=1, seed=0)
+    loader = StreamingShards(units(path), Reader("label", tuple(FEATURES)), BATCH, rank=0, world=1, workers=1, seed=0)
     return sum(len(y) for _, y in loader)
 
 

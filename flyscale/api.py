@@ -21,6 +21,7 @@ from flyscale.plugin.contracts import (
     AugmentationPlugin,
     DatasetInfo,
     DatasetPlugin,
+    FieldSpec,
     GatePlugin,
     GateVerdict,
     ModelPlugin,
@@ -35,6 +36,7 @@ from flyscale.train.step import make_optimizer, make_scheduler, standard_step
 
 __all__ = [
     "DatasetInfo",
+    "FieldSpec",
     "GateVerdict",
     "default_row_schema",
     "SOURCE_FILE",

@@ -1,5 +1,6 @@
 """Built-in models. Each is an `nn.Sequential` of whole layers, so the pipeline strategy can
-cut it into stages at layer boundaries. Inputs always arrive flattened, (N, features)."""
+cut it into stages at layer boundaries. Inputs arrive as the dataset declares them: a typed
+field at its shape ((N, 3, 32, 32) for an image), a table's features flattened (N, features)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ class MLP:
     options_type = MLPOptions
 
     def build(self, options: MLPOptions, info: DatasetInfo) -> nn.Sequential:
-        layers: list[nn.Module] = []
+        # An image field arrives (N, C, H, W): flatten it first. A table's features are already flat.
+        layers: list[nn.Module] = [nn.Flatten()] if info.input() is not None and len(info.input_shape) > 1 else []
         width = math.prod(info.input_shape)
         for h in options.layers():
             layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(options.dropout)]
@@ -119,7 +121,8 @@ class CNN:
             raise ValueError(f"model 'cnn' needs image inputs (C, H, W); dataset {info.name!r} has {info.input_shape}")
         c, h, w = info.input_shape
         channels, hidden = options.sizes()
-        layers: list[nn.Module] = [nn.Unflatten(1, (c, h, w))]
+        # A table of pixels (digits' 64 columns) arrives flat, (N, C*H*W); an image field as (N, C, H, W).
+        layers: list[nn.Module] = [] if info.input() is not None else [nn.Unflatten(1, (c, h, w))]
         for out in channels:
             layers += [nn.Conv2d(c, out, kernel_size=3, padding=1), nn.ReLU()]
             c = out

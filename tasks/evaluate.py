@@ -11,7 +11,7 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
 from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, QuantizeConfig
-from flyscale.data import shards
+from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches, calibration_batches
 from flyscale.evaluate import gating
@@ -77,7 +77,7 @@ def quantize_model(
     model = load_state(build_model(model_cfg, info), weights.download())
     qmodel = quantize(model, cfg, calibration_batches(train, info))
     metrics = evaluate_batches(qmodel, batches(test, info), info.num_classes)
-    comparison = compare(model, qmodel, cfg.name, fp32, metrics, len(info.feature_columns))
+    comparison = compare(model, qmodel, cfg.name, fp32, metrics, fields.model_input_shape(info))
     figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
     weights_int8 = FlyteFile(save_state(qmodel, "model_int8.pt"))

@@ -22,6 +22,7 @@ TASKS = [
     "split_data",
     "augment_data",
     "prepare_stream",
+    "prepare_examples",
     "preflight_check",
     "train_model",
     "evaluate_model",

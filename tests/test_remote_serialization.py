@@ -110,7 +110,8 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    assert len(_tasks(specs)) == 17  # the model check, both data branches, both publish branches, the failure handler
+    # the model check, the three data branches, both publish branches, the failure handler
+    assert len(_tasks(specs)) == 18
     assert "tasks.register.close_failed_run" in specs
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1

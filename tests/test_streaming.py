@@ -11,12 +11,13 @@ import torch
 
 from flyscale.config import TrainConfig
 from flyscale.data import shards
+from flyscale.data.fields import Reader
 from flyscale.data.streaming import Stream, StreamingShards
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext, set_epoch
 from tests.distributed_helpers import run_on_ranks
 
-FEATURES = ["a", "b"]
+FEATURES = Reader("label", ("a", "b"))
 
 
 def _split(tmp_path, rows: int = 1000, row_group_rows: int = 64) -> list[shards.Unit]:
@@ -34,7 +35,7 @@ def _split(tmp_path, rows: int = 1000, row_group_rows: int = 64) -> list[shards.
 
 def _epoch(units, rank, world, workers, epoch=0, batch=16, seed=3) -> list[np.ndarray]:
     stream = StreamingShards(
-        units, FEATURES, "label", batch, rank=rank, world=world, workers=workers, seed=seed, buffer_rows=100
+        units, FEATURES, batch, rank=rank, world=world, workers=workers, seed=seed, buffer_rows=100
     )
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=workers)
     set_epoch(loader, epoch)
@@ -75,7 +76,7 @@ def test_shuffles_are_seeded_per_epoch_and_reach_across_row_groups(tmp_path):
 @pytest.mark.timeout(120)
 def test_persistent_workers_still_reshuffle_each_epoch(tmp_path):
     units = _split(tmp_path)
-    stream = StreamingShards(units, FEATURES, "label", 16, rank=0, world=1, workers=2, seed=3, buffer_rows=100)
+    stream = StreamingShards(units, FEATURES, 16, rank=0, world=1, workers=2, seed=3, buffer_rows=100)
     loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2, persistent_workers=True)
     epochs = []
     for epoch in range(2):
@@ -97,7 +98,7 @@ def _train_streamed(root: str) -> dict:
         torch.zeros(0, dtype=torch.long),
         torch.zeros(0, 2),
         torch.zeros(0, dtype=torch.long),
-        stream=Stream(units, units, ["a", "b"], buffer_rows=128),
+        stream=Stream(units, units, FEATURES, buffer_rows=128),
     )
     cfg = TrainConfig(epochs=3, batch_size=32, lr=0.01, num_workers=2)
     with process_group(timeout_s=60) as ctx:

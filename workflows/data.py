@@ -4,6 +4,8 @@
 - `in_memory_data`: load, validate, split (stratified) and augment, as DataFrames.
 - `streamed_data`: for data larger than memory, one task validates it chunk by chunk and splits
   it as it streams by.
+- `examples_data`: for typed examples (images, ...), one task validates them field by field and
+  splits them as they stream by, in memory or not.
 
 Both end in the same outputs: the three splits as Parquet shards, what validation found
 (tasks/records.py ValidatedData), and the stamps of the cached tasks that ran.
@@ -20,6 +22,7 @@ from flyscale.flyte.provenance import TaskRun
 from tasks.data import (
     augment_data,
     load_data,
+    prepare_examples,
     prepare_stream,
     read_reference,
     split_data,
@@ -56,6 +59,16 @@ def streamed_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
     # Held to the champion's reference by the source's fingerprint: hashing the content would read it all.
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
     train, val, test, validated, prepare_ran = prepare_stream(
+        cfg=cfg.data, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
+    )
+    return Prepared(train, val, test, validated, [prepare_ran])
+
+
+@workflow
+def examples_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
+    """reference -> prepare the examples (validate field by field, split as they go)."""
+    reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
+    train, val, test, validated, prepare_ran = prepare_examples(
         cfg=cfg.data, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
     )
     return Prepared(train, val, test, validated, [prepare_ran])

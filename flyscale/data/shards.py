@@ -59,10 +59,11 @@ class ShardWriter:
         self._pending: list[pyarrow.Table] = []
         self._pending_rows = 0
 
-    def write(self, frame: pd.DataFrame) -> None:
+    def write(self, frame: pd.DataFrame | pyarrow.Table) -> None:
         if len(frame) == 0:
             return
-        self._pending.append(pyarrow.Table.from_pandas(frame, preserve_index=False))
+        table = frame if isinstance(frame, pyarrow.Table) else pyarrow.Table.from_pandas(frame, preserve_index=False)
+        self._pending.append(table)
         self._pending_rows += len(frame)
         self.rows += len(frame)
         while self._pending_rows >= self.row_group_rows:
@@ -109,6 +110,22 @@ def head(path: str, rows: int, columns: list[str] | None = None) -> pd.DataFrame
         parts.append(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns))
         have += unit.rows
     return pyarrow.concat_tables(parts).to_pandas().head(rows) if parts else pd.DataFrame(columns=columns)
+
+
+def head_table(path: str, rows: int, columns: list[str]) -> pyarrow.Table:
+    """The first `rows` rows of a split as Arrow (a row group at a time: the rest is never read)."""
+    parts, have = [], 0
+    for unit in units(path):
+        if have >= rows:
+            break
+        parts.append(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns))
+        have += unit.rows
+    return pyarrow.concat_tables(parts).slice(0, rows) if parts else read_table(path, columns)
+
+
+def read_table(path: str, columns: list[str]) -> pyarrow.Table:
+    """A whole split as one Arrow table (typed fields stay fixed-size lists: no pandas on the way)."""
+    return pyarrow.concat_tables([pq.read_table(f, columns=columns) for f in files(path)])
 
 
 def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:

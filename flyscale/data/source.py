@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pandas as pd
+import pyarrow as pa
 
 from flyscale.config import DataConfig
-from flyscale.errors import data_errors
+from flyscale.errors import DataError, data_errors
 from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,26 @@ def info(cfg: DataConfig) -> DatasetInfo:
     return as_dataset_info(found, f"dataset {cfg.dataset!r}")
 
 
+def has_examples(cfg: DataConfig) -> bool:
+    """Whether the dataset gives typed examples (Arrow batches of declared fields), not a table."""
+    return getattr(cfg.plugin.plugin, "examples", None) is not None
+
+
+def examples(cfg: DataConfig) -> Iterator[pa.RecordBatch]:
+    """A dataset's typed examples, as its plugin hands them over."""
+    r = cfg.plugin
+    with data_errors(f"dataset {cfg.dataset!r}"):
+        yield from r.plugin.examples(r.options)
+
+
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
     """Load the configured dataset and its shape facts (converted from whatever the plugin returns)."""
     r = cfg.plugin
+    if getattr(r.plugin, "load", None) is None:
+        raise DataError(
+            f"dataset {cfg.dataset!r} gives typed examples (images, ...), not a table; this stage "
+            "(the scaling study, or a table-only tool) reads tables only: use training_pipeline"
+        )
     with data_errors(f"dataset {cfg.dataset!r}"):
         frame = r.plugin.load(r.options)
     if not isinstance(frame, pd.DataFrame):

@@ -23,6 +23,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from flyscale.data.fields import Reader
+
 if TYPE_CHECKING:  # only a type here: importing shards would pull in flytekit for every worker
     from flyscale.data.shards import Unit
 
@@ -35,17 +37,13 @@ class Stream:
 
     train: list[Unit]
     val: list[Unit]
-    features: list[str]
-    label: str = "label"
+    reader: Reader
     buffer_rows: int = BUFFER_ROWS
 
 
-def read_unit(unit: Unit, features: list[str], label: str) -> tuple[np.ndarray, np.ndarray]:
-    """One row group: (features float32 (rows, n), labels int64)."""
-    table = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=[*features, label])
-    x = np.stack([table.column(c).to_numpy().astype("float32", copy=False) for c in features], axis=1)
-    # A copy: arrow's zero-copy arrays are read-only, and torch warns on tensors over them.
-    return x, np.array(table.column(label).to_numpy(), dtype="int64")
+def read_unit(unit: Unit, reader: Reader) -> tuple[np.ndarray, np.ndarray]:
+    """One row group: (inputs, labels int64), as `reader` reads them."""
+    return reader.read(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=reader.columns))
 
 
 class StreamingShards(IterableDataset):
@@ -54,8 +52,7 @@ class StreamingShards(IterableDataset):
     def __init__(
         self,
         units: list[Unit],
-        features: list[str],
-        label: str,
+        reader: Reader,
         batch_size: int,
         *,
         rank: int,
@@ -66,7 +63,7 @@ class StreamingShards(IterableDataset):
     ):
         if not units:
             raise ValueError("the training split has no rows to stream")
-        self.units, self.features, self.label = list(units), list(features), label
+        self.units, self.reader = list(units), reader
         self.batch_size, self.rank, self.world = batch_size, rank, world
         self.workers, self.seed, self.buffer_rows = max(1, workers), seed, buffer_rows
         self._epoch, self._iterations = 0, 0
@@ -114,13 +111,13 @@ class StreamingShards(IterableDataset):
         self._iterations += 1
         pieces, quota = self.plan(epoch)[(self.rank, worker)]
         rng = np.random.default_rng([self.seed, epoch, self.rank, worker])
-        buf_x = np.empty((0, len(self.features)), dtype="float32")
+        buf_x = self.reader.empty()
         buf_y = np.empty(0, dtype="int64")
         emitted = 0
         for unit, first, end in pieces:
             if emitted >= quota:
                 return
-            x, y = read_unit(unit, self.features, self.label)
+            x, y = read_unit(unit, self.reader)
             buf_x, buf_y = np.concatenate([buf_x, x[first:end]]), np.concatenate([buf_y, y[first:end]])
             ready = (len(buf_y) - self.buffer_rows) // self.batch_size
             if ready > 0:
@@ -143,10 +140,10 @@ class StreamingShards(IterableDataset):
 
 
 def unit_batches(
-    units: list[Unit], features: list[str], label: str, batch_size: int = 4096
+    units: list[Unit], reader: Reader, batch_size: int = 4096
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The rows of `units`, in order, as (features, labels) CPU tensors of up to `batch_size` rows."""
+    """The rows of `units`, in order, as (inputs, labels) CPU tensors of up to `batch_size` rows."""
     for unit in units:
-        x, y = read_unit(unit, features, label)
+        x, y = read_unit(unit, reader)
         for start in range(0, len(y), batch_size):
             yield torch.from_numpy(x[start : start + batch_size]), torch.from_numpy(y[start : start + batch_size])

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pandas as pd
 import torch
 
-from flyscale.data import shards
+from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.streaming import read_unit
 from flyscale.plugin.contracts import DatasetInfo
@@ -18,9 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def batches(split: Shards, info: DatasetInfo) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A split a row group at a time, as (features, labels) tensors: memory holds one row group."""
+    """A split a row group at a time, as (inputs, labels) tensors: memory holds one row group."""
+    reader = fields.reader(info)
     for unit in shards.units(split.dir.download()):
-        x, y = read_unit(unit, info.feature_columns, info.label_column)
+        x, y = read_unit(unit, reader)
         yield torch.from_numpy(x), torch.from_numpy(y)
 
 
@@ -30,9 +31,9 @@ CALIBRATION_ROWS = 512  # of the training split: what a calibrating quantizer se
 def calibration_batches(train: Shards, info: DatasetInfo, batch_size: int = 64) -> list[torch.Tensor]:
     """The first rows of the training split as feature batches, for a quantizer that calibrates
     (a row group at a time: a streamed split is never read whole)."""
-    frame = shards.head(train.dir.download(), CALIBRATION_ROWS, [*info.feature_columns, info.label_column])
-    x, _ = to_tensors(frame, info)
-    return list(torch.split(x, batch_size))
+    reader = fields.reader(info)
+    x, _ = reader.read(shards.head_table(train.dir.download(), CALIBRATION_ROWS, reader.columns))
+    return list(torch.split(torch.from_numpy(x), batch_size))
 
 
 def to_tensors(frame: pd.DataFrame, info: DatasetInfo) -> tuple[torch.Tensor, torch.Tensor]:

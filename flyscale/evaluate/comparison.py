@@ -65,7 +65,12 @@ class Comparison:
 
 
 def compare(
-    fp32_model: nn.Module, int8_model: nn.Module, quantizer: str, fp32: EvalMetrics, int8: EvalMetrics, n_features: int
+    fp32_model: nn.Module,
+    int8_model: nn.Module,
+    quantizer: str,
+    fp32: EvalMetrics,
+    int8: EvalMetrics,
+    n_features: int | list[int],
 ) -> Comparison:
     """Time both models side by side (interleaved, so machine drift hits both) and compare."""
     reports = measure_side_by_side({"fp32": fp32_model, "int8": int8_model}, n_features, BATCH_SIZES, budget_s=0.5)

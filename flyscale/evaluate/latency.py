@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ def spread(seconds: Sequence[float], blocks: int = BLOCKS) -> float:
 
 def measure(
     model: nn.Module,
-    n_features: int,
+    n_features: int | Sequence[int],
     batch_sizes: Sequence[int] = BATCH_SIZES,
     *,
     repeats: int | None = None,
@@ -115,7 +116,7 @@ def measure(
 
 def measure_side_by_side(
     models: dict[str, nn.Module],
-    n_features: int,
+    n_features: int | Sequence[int],
     batch_sizes: Sequence[int] = BATCH_SIZES,
     *,
     repeats: int | None = None,
@@ -129,8 +130,9 @@ def measure_side_by_side(
     """
     if not models:
         raise ValueError("models must name at least one model")
-    if n_features <= 0:
-        raise ValueError(f"n_features must be > 0, got {n_features}")
+    shape = (n_features,) if isinstance(n_features, int) else tuple(int(d) for d in n_features)
+    if not shape or min(shape) <= 0:
+        raise ValueError(f"n_features (or the per-example input shape) must be > 0, got {n_features}")
     if not batch_sizes or any(int(b) <= 0 for b in batch_sizes):
         raise ValueError(f"batch_sizes must be positive sizes, got {list(batch_sizes)}")
     if repeats is not None and repeats <= 0:
@@ -142,7 +144,7 @@ def measure_side_by_side(
     devices = {name: _device(m) for name, m in models.items()}  # an int8 copy may be on CPU beside a GPU model
     reports = {
         name: LatencyReport(
-            model=name, n_features=n_features, device=str(devices[name]), threads=torch.get_num_threads()
+            model=name, n_features=math.prod(shape), device=str(devices[name]), threads=torch.get_num_threads()
         )
         for name in names
     }
@@ -155,7 +157,7 @@ def measure_side_by_side(
         gc.disable()  # a collection inside a timed call is the harness's noise, not the model's
         with torch.inference_mode():
             for b in (int(b) for b in batch_sizes):
-                x = torch.randn(b, n_features, generator=generator, dtype=torch.float32)
+                x = torch.randn(b, *shape, generator=generator, dtype=torch.float32)
                 calls = {name: _timed_call(m, x.to(devices[name]), devices[name]) for name, m in models.items()}
                 for call in calls.values():
                     _warm_up(call)

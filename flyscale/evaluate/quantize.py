@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from flyscale.config import QuantizeConfig
+from flyscale.data import fields
 from flyscale.model import as_module
 from flyscale.plugin.contracts import DatasetInfo
 
@@ -40,5 +41,5 @@ def rebuild_quantized(model: nn.Module, cfg: QuantizeConfig, info: DatasetInfo) 
     calibration = None
     if cfg.plugin.attribute("calibrates"):
         g = torch.Generator().manual_seed(0)
-        calibration = [torch.randn(8, len(info.feature_columns), generator=g)]
+        calibration = [torch.randn(8, *fields.model_input_shape(info), generator=g)]
     return quantize(model, cfg, calibration)

@@ -28,13 +28,58 @@ if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry l
     from torch import nn
 
 
+ENCODINGS = ("raw", "png", "jpeg")
+DTYPES = ("uint8", "int32", "int64", "float32")
+
+
+@dataclass
+class FieldSpec:
+    """One field of every example: what it holds, per example, once decoded.
+
+    `image: uint8[3, 32, 32]` is FieldSpec("image", "uint8", [3, 32, 32]); PNG bytes decoded to
+    that are the same with encoding="png"; `label: int64` is FieldSpec("label", "int64", []).
+    Between tasks a field travels as one Arrow column (a fixed-size list of its elements), never
+    as a column per element.
+    """
+
+    name: str
+    dtype: str  # one of DTYPES
+    shape: list[int]  # per example; [] for a scalar
+    encoding: str = "raw"  # one of ENCODINGS: how the dataset hands the field over
+    # [low, high] every element must lie in (an image's uint8 pixels: [0, 255]); None: not bounded.
+    range: list[float] | None = None
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"field {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"field {self.name!r}: encoding {self.encoding!r} is not one of {', '.join(ENCODINGS)}")
+        if any(int(d) < 1 for d in self.shape):
+            raise ValueError(f"field {self.name!r}: every dimension of shape {self.shape} must be >= 1")
+        if self.encoding != "raw" and (self.dtype != "uint8" or len(self.shape) != 3 or self.shape[0] not in (1, 3)):
+            raise ValueError(
+                f"field {self.name!r}: {self.encoding} decodes to uint8 images (C, H, W) with C 1 or 3, "
+                f"not {self.dtype}{self.shape}"
+            )
+
+    def __str__(self) -> str:
+        encoded = "" if self.encoding == "raw" else f" ({self.encoding})"
+        return f"{self.name}: {self.dtype}{self.shape if self.shape else ''}{encoded}"
+
+
 @dataclass
 class DatasetInfo:
-    """Shape facts the model builder, augmentation and evaluation need; travels between tasks."""
+    """Shape facts the model builder, augmentation and evaluation need; travels between tasks.
+
+    A dataset of typed examples (images, ...) declares `fields`: the model's input is the field
+    named `input_field` and the class is the field named `label_column`, and models receive the
+    input as a tensor of its declared shape. A table leaves `fields` empty: its numeric
+    `feature_columns` are the input, (N, len(feature_columns)).
+    """
 
     name: str
     num_classes: int
-    input_shape: list[int]  # per-example shape, e.g. [1, 8, 8]; features are stored flattened
+    input_shape: list[int]  # per example, e.g. [1, 8, 8]; a table's features arrive flattened
     feature_columns: list[str]
     label_column: str = "label"
     # {column: [min, max]} the dataset guarantees; augmented rows are clipped back inside them.
@@ -43,6 +88,12 @@ class DatasetInfo:
     # What the dataset inferred from the data instead of being told ("features", "num_classes"):
     # flyscale pins it with the model and holds later batches to it.
     inferred: list[str] = field(default_factory=list)
+    fields: list[FieldSpec] = field(default_factory=list)
+    input_field: str = ""  # with `fields`: the one models take
+
+    def input(self) -> FieldSpec | None:
+        """The field models take, for a dataset of typed examples; None for a table."""
+        return next((f for f in self.fields if f.name == self.input_field), None)
 
 
 # Columns a dataset's load() may add to say where each row came from; flyscale keeps them out of
@@ -73,6 +124,12 @@ class DatasetPlugin(Protocol):
     seen): every run takes it, and loading re-runs only when it changes. Without one, every run loads the data to hash its content.
     `streaming = True` with `chunks(options)`, an iterator of frames like `load`'s: the data is
     larger than memory, so flyscale validates it chunk by chunk and training streams it.
+
+    A dataset of typed examples (images, ...) declares its `fields` in `info` and has
+    `examples(options)` instead of `load`: an iterator of `pyarrow.RecordBatch`es, one column per
+    field (a fixed-size list, a list, binary for encoded images, or a scalar), optionally with the
+    origin columns `_source_file` and `_source_row`. flyscale validates each field, quarantines
+    bad examples with their origin and reason, and splits them as they stream by, however large.
     """
 
     def load(self, options: Any) -> pd.DataFrame: ...
@@ -146,8 +203,14 @@ SIGNATURE_HINTS: dict[tuple[str, str], str] = {
 
 # Methods a kind may leave out, and the arguments flyscale passes when it is there.
 OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
-    "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"]},
+    "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"], "examples": ["options"]},
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
+}
+
+# A method the Protocol declares that a plugin may leave out when it has the other:
+# {kind: {method: its alternative}}.
+ALTERNATIVES: dict[str, dict[str, str]] = {
+    "datasets": {"load": "examples"},  # typed examples come as Arrow batches instead of one frame
 }
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.
@@ -198,8 +261,17 @@ def _fields(obj: Any, names: Sequence[str], what: str, defaults: Mapping[str, An
 
 def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
     """Any object with DatasetInfo's fields, as a DatasetInfo; `where` names the plugin."""
-    if isinstance(obj, DatasetInfo):
-        return obj
+    info = obj if isinstance(obj, DatasetInfo) else _converted_info(obj, where)
+    names = [x.name for x in info.fields]
+    if info.fields and (info.input_field not in names or info.label_column not in names):
+        raise TypeError(
+            f"{where}: info() declares fields {names}; input_field ({info.input_field!r}) and label_column "
+            f"({info.label_column!r}) must each name one of them"
+        )
+    return info
+
+
+def _converted_info(obj: Any, where: str) -> DatasetInfo:
     names = (
         "name",
         "num_classes",
@@ -209,8 +281,17 @@ def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
         "feature_ranges",
         "feature_dtypes",
         "inferred",
+        "fields",
+        "input_field",
     )
-    defaults = {"label_column": "label", "feature_ranges": {}, "feature_dtypes": {}, "inferred": []}
+    defaults = {
+        "label_column": "label",
+        "feature_ranges": {},
+        "feature_dtypes": {},
+        "inferred": [],
+        "fields": [],
+        "input_field": "",
+    }
     f = _fields(obj, names, f"{where}: info()", defaults)
     try:
         return DatasetInfo(
@@ -222,9 +303,27 @@ def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
             feature_ranges={str(k): [float(lo), float(hi)] for k, (lo, hi) in dict(f["feature_ranges"]).items()},
             feature_dtypes={str(k): str(v) for k, v in dict(f["feature_dtypes"]).items()},
             inferred=[str(v) for v in f["inferred"]],
+            fields=[_as_field(v, where) for v in f["fields"]],
+            input_field=str(f["input_field"]),
         )
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{where}: info() returned fields of the wrong type: {exc}") from exc
+
+
+def _as_field(obj: Any, where: str) -> FieldSpec:
+    if isinstance(obj, FieldSpec):
+        return obj
+    f = _fields(
+        obj,
+        ("name", "dtype", "shape", "encoding", "range"),
+        f"{where}: info() field",
+        {
+            "encoding": "raw",
+            "range": None,
+        },
+    )
+    bounds = None if f["range"] is None else [float(v) for v in f["range"]]
+    return FieldSpec(str(f["name"]), str(f["dtype"]), [int(d) for d in f["shape"]], str(f["encoding"]), bounds)
 
 
 def as_gate_verdict(obj: Any, where: str) -> GateVerdict:

@@ -23,6 +23,7 @@ from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from typing import Any, cast
 
 from flyscale.plugin.contracts import (
+    ALTERNATIVES,
     ARGUMENTS_WHEN,
     OPTIONAL_ATTRIBUTES,
     OPTIONAL_METHODS,
@@ -99,6 +100,9 @@ def contract_problems(kind: str, plugin: Any) -> list[str]:
         expected = f"({', '.join(params)})" if itself else f"{method}({', '.join(params)})"
         target = plugin if itself else getattr(plugin, method, None)
         if target is None and method in optional:
+            continue
+        alternative = ALTERNATIVES.get(kind, {}).get(method)
+        if target is None and alternative and getattr(plugin, alternative, None) is not None:
             continue
         if target is None:
             problems.append(f"has no method {expected}")

@@ -12,7 +12,7 @@ from torch import nn
 from flyscale import model as artifacts
 from flyscale.config import ModelConfig, QuantizeConfig
 from flyscale.evaluate.quantize import rebuild_quantized
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
 
 
 def spec_json(model_cfg: ModelConfig, info: DatasetInfo, quantize_cfg: QuantizeConfig | None) -> str:
@@ -29,7 +29,7 @@ def spec_json(model_cfg: ModelConfig, info: DatasetInfo, quantize_cfg: QuantizeC
 
 def build(spec: dict, weights_path: str) -> nn.Module:
     """The torch module a spec and its weights describe (int8 when the spec names a quantizer)."""
-    info = DatasetInfo(**spec["info"])
+    info = as_dataset_info(spec["info"], "the registered model's spec")
     model = artifacts.build_model(ModelConfig(**spec["model"]), info)
     if spec.get("quantizer"):
         model = rebuild_quantized(model, QuantizeConfig(**spec["quantizer"]), info)

@@ -10,10 +10,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from flyscale import settings
 from flyscale.config import PipelineConfig, effective, flatten
+from flyscale.data import fields
 from flyscale.data.reference import Profile, reference_json
 from flyscale.data.source import DataFingerprint
 from flyscale.data.validation import ValidationReport
@@ -89,7 +88,7 @@ def register(candidate: Candidate, publish: bool) -> Registration:
     c, cfg = candidate, candidate.cfg
     fp32 = run_log.ModelFiles(c.weights_path, spec_json(cfg.model, c.info, None))
     int8 = run_log.ModelFiles(c.int8_weights_path, spec_json(cfg.model, c.info, cfg.quantize))
-    example = np.zeros((2, len(c.info.feature_columns)), dtype="float32")
+    example = fields.input_example(c.info)
     name = run_name(cfg.model.name, c.history.strategy, c.history.world_size, c.fingerprint.value, c.started.started_at)
     return tracking.publish(run_record(c), fp32, int8, example, cfg.mlflow, name, register=publish)
 

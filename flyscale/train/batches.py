@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, TensorDataset
 
 from flyscale.config import TrainConfig
-from flyscale.data import shards
+from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.streaming import Stream, StreamingShards, unit_batches
 from flyscale.data.tensors import to_tensors
@@ -54,8 +54,7 @@ class TrainData:
         if self.stream is not None:
             streamed = StreamingShards(
                 self.stream.train,
-                self.stream.features,
-                self.stream.label,
+                self.stream.reader,
                 cfg.batch_size,
                 rank=rank,
                 world=world,
@@ -86,7 +85,7 @@ class TrainData:
         if self.stream is None:
             return evaluate_split(model, self.x_val, self.y_val, ctx)
         s = self.stream
-        return lambda: evaluate_units(model, s.val, s.features, s.label, ctx.rank, ctx.world_size, ctx.device)
+        return lambda: evaluate_units(model, s.val, s.reader, ctx.rank, ctx.world_size, ctx.device)
 
     def val_batches(self, batch_size: int = 1024) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every validation row, in order, in batches (CPU tensors): the same on every rank."""
@@ -94,7 +93,7 @@ class TrainData:
             for start in range(0, len(self.y_val), batch_size):
                 yield self.x_val[start : start + batch_size], self.y_val[start : start + batch_size]
             return
-        yield from unit_batches(self.stream.val, self.stream.features, self.stream.label, batch_size)
+        yield from unit_batches(self.stream.val, self.stream.reader, batch_size)
 
     @property
     def train_rows(self) -> int:
@@ -183,10 +182,18 @@ HEAD_ROWS = 4096  # of a streamed split, held in memory for checks such as the p
 
 def train_data_from(train: Shards, val: Shards, info: DatasetInfo) -> TrainData:
     """The splits strategies train on: read whole when they fit, streamed when they do not."""
-    columns = [*info.feature_columns, info.label_column]
+    reader = fields.reader(info)
     train_dir, val_dir = train.dir.download(), val.dir.download()
     if not train.streamed:
-        return train_data(shards.read(train_dir, columns), shards.read(val_dir, columns), info)
-    stream = Stream(shards.units(train_dir), shards.units(val_dir), info.feature_columns, info.label_column)
-    heads = [to_tensors(shards.head(d, HEAD_ROWS, columns), info) for d in (train_dir, val_dir)]
+        return TrainData(
+            *_tensors(shards.read_table(train_dir, reader.columns), reader),
+            *_tensors(shards.read_table(val_dir, reader.columns), reader),
+        )
+    stream = Stream(shards.units(train_dir), shards.units(val_dir), reader)
+    heads = [_tensors(shards.head_table(d, HEAD_ROWS, reader.columns), reader) for d in (train_dir, val_dir)]
     return TrainData(*heads[0], *heads[1], stream=stream)
+
+
+def _tensors(table, reader: fields.Reader) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = reader.read(table)
+    return torch.from_numpy(x), torch.from_numpy(y)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from flyscale.data.fields import Reader
 from flyscale.data.shards import Unit
 from flyscale.data.streaming import unit_batches
 from flyscale.evaluate.metrics import batch_score
@@ -46,8 +47,7 @@ def evaluate_split(
 def evaluate_units(
     model: torch.nn.Module,
     units: list[Unit],
-    features: list[str],
-    label: str,
+    reader: Reader,
     rank: int,
     world: int,
     device: torch.device,
@@ -57,7 +57,7 @@ def evaluate_units(
     model.eval()
     loss_sum = correct = count = 0.0
     with torch.no_grad():
-        for xb, yb in unit_batches(units[rank::world], features, label):
+        for xb, yb in unit_batches(units[rank::world], reader):
             xb, yb = xb.to(device), yb.to(device)
             batch_loss, batch_correct = batch_score(model(xb), yb)
             loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)

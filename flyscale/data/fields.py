@@ -1,0 +1,134 @@
+"""Typed fields as Arrow columns, and Arrow columns back as the arrays models take.
+
+A field of fixed shape travels as a fixed-size list of its elements, one per example (an image
+of 3x32x32 is one column of 3,072-element lists, not 3,072 columns); a scalar as a plain column;
+an encoded image (PNG, JPEG) arrives as binary and is decoded once, when it is validated, to the
+declared dtype and shape. What training reads is decided in one place, `Reader`, for a table's
+feature columns and for a field alike.
+
+Imported by DataLoader workers: numpy and pyarrow only (PIL when an image is decoded).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+
+
+def size(field: FieldSpec) -> int:
+    """Elements per example."""
+    return math.prod(field.shape)
+
+
+def arrow_type(field: FieldSpec) -> pa.DataType:
+    """How the field is stored in the shards flyscale writes (decoded)."""
+    element = pa.from_numpy_dtype(np.dtype(field.dtype))
+    return pa.list_(element, size(field)) if field.shape else element
+
+
+def to_arrow(values: np.ndarray, field: FieldSpec) -> pa.Array:
+    """(N, *shape) values as the field's column."""
+    values = np.ascontiguousarray(values, dtype=field.dtype)
+    if not field.shape:
+        return pa.array(values)
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), size(field))
+
+
+def to_numpy(column: pa.Array | pa.ChunkedArray, field: FieldSpec) -> np.ndarray:
+    """A stored (decoded) column as (N, *shape) values of the field's dtype."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not field.shape:
+        return column.to_numpy(zero_copy_only=False).astype(field.dtype, copy=False)
+    flat = column.flatten().to_numpy(zero_copy_only=False)  # flatten() honours the array's offset
+    return flat.reshape(len(column), *field.shape).astype(field.dtype, copy=False)
+
+
+def decode_image(data: bytes, field: FieldSpec) -> np.ndarray:
+    """PNG or JPEG bytes as uint8 (C, H, W), C from the field; ValueError when they do not decode.
+    The caller checks the size against the field's shape."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            pixels = np.asarray(image.convert("L" if field.shape[0] == 1 else "RGB"), dtype="uint8")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        what = "not an image" if isinstance(exc, UnidentifiedImageError) else str(exc)
+        raise ValueError(f"bytes that do not decode as {field.encoding.upper()}: {what}") from None
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """uint8 (C, H, W) with C 1 or 3 as PNG bytes."""
+    from PIL import Image
+
+    hwc = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(hwc, dtype="uint8")).save(out, format="PNG")
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Reader:
+    """What training reads from a split's shards: (inputs, labels) arrays.
+
+    A table's feature columns are stacked into float32 (N, features). A field is read at its
+    declared shape: floats as float32, integer ids (tokens) as int64, and uint8 images as float32
+    in [0, 1] (pixel / 255), the scale image models are built for.
+    """
+
+    label: str
+    features: tuple[str, ...] = ()
+    field: FieldSpec | None = None
+
+    @property
+    def columns(self) -> list[str]:
+        inputs = [self.field.name] if self.field is not None else list(self.features)
+        return [*inputs, self.label]
+
+    def read(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        if self.field is None:
+            x = np.stack([table.column(c).to_numpy().astype("float32", copy=False) for c in self.features], axis=1)
+        else:
+            values = to_numpy(table.column(self.field.name), self.field)
+            if self.field.dtype == "uint8":
+                x = values.astype("float32") / 255.0
+            elif self.field.dtype == "float32":
+                x = np.array(values, dtype="float32")
+            else:
+                x = np.array(values, dtype="int64")
+        # Copies: arrow's zero-copy arrays are read-only, and torch warns on tensors over them.
+        return x, np.array(table.column(self.label).to_numpy(), dtype="int64")
+
+    def empty(self) -> np.ndarray:
+        """No rows of inputs, with the right trailing shape and dtype (to start a buffer)."""
+        if self.field is None:
+            return np.empty((0, len(self.features)), dtype="float32")
+        dtype = "int64" if self.field.dtype in ("int32", "int64") else "float32"
+        return np.empty((0, *self.field.shape), dtype=dtype)
+
+
+def reader(info: DatasetInfo) -> Reader:
+    """The reader for a dataset: its input field, or its table's feature columns."""
+    field = info.input()
+    if field is not None:
+        return Reader(label=info.label_column, field=field)
+    return Reader(label=info.label_column, features=tuple(info.feature_columns))
+
+
+def input_example(info: DatasetInfo, rows: int = 2) -> np.ndarray:
+    """Zeros shaped as models receive them: what a serving signature or a dummy batch is made of."""
+    return np.zeros((rows, *model_input_shape(info)), dtype="float32")
+
+
+def model_input_shape(info: DatasetInfo) -> list[int]:
+    """The per-example shape models receive: the input field's, or (features,) for a table."""
+    field = info.input()
+    return list(field.shape) if field is not None else [len(info.feature_columns)]
