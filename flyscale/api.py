@@ -17,6 +17,7 @@ from flyscale.data.schemas import default_row_schema
 from flyscale.evaluate.metrics import higher_is_better
 from flyscale.plugin.contracts import (
     SOURCE_FILE,
+    SOURCE_KEY,
     SOURCE_ROW,
     AugmentationPlugin,
     DatasetInfo,
@@ -40,6 +41,7 @@ __all__ = [
     "GateVerdict",
     "default_row_schema",
     "SOURCE_FILE",
+    "SOURCE_KEY",
     "SOURCE_ROW",
     "DatasetPlugin",
     "ModelPlugin",

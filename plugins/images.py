@@ -6,6 +6,7 @@ batches of an `image` field and a `label` field, never a column per pixel."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -15,6 +16,7 @@ import pyarrow as pa
 from flyscale.api import SOURCE_FILE, SOURCE_ROW, DatasetInfo, FieldSpec
 
 PATTERNS = ("horizontal", "vertical", "diagonal", "checkerboard")
+BATCH_ROWS = 512  # images handed over at a time
 
 
 def _batch(images: np.ndarray, labels: np.ndarray, image: FieldSpec, source: str, first: int) -> pa.RecordBatch:
@@ -54,7 +56,7 @@ class DigitsImages:
 
         return f"sklearn.datasets.load_digits {sklearn.__version__}"
 
-    def examples(self, options) -> Iterator[pa.RecordBatch]:
+    def examples(self, options, shard: str) -> Iterator[pa.RecordBatch]:
         from sklearn.datasets import load_digits
 
         digits = load_digits()
@@ -108,12 +110,19 @@ class Shapes:
     def fingerprint(self, options: ShapesOptions) -> str:
         return "shapes generator v1 " + json.dumps(asdict(options), sort_keys=True)
 
-    def examples(self, options: ShapesOptions) -> Iterator[pa.RecordBatch]:
+    def shards(self, options: ShapesOptions) -> list[str]:
+        """One shard per chunk of `chunk_rows` images, generated independently."""
+        return [f"{k:05d}" for k in range(math.ceil(options.rows / options.chunk_rows))]
+
+    def examples(self, options: ShapesOptions, shard: str) -> Iterator[pa.RecordBatch]:
         field = self.info(options).fields[0]
-        for first in range(0, options.rows, options.chunk_rows):
-            n = min(options.chunk_rows, options.rows - first)
-            images, labels = generate(n, options, chunk=first // options.chunk_rows)
-            yield _batch(images, labels, field, f"shapes(seed={options.seed})", first)
+        chunk = int(shard)
+        first = chunk * options.chunk_rows
+        n = min(options.chunk_rows, options.rows - first)
+        images, labels = generate(n, options, chunk=chunk)
+        for start in range(0, n, BATCH_ROWS):
+            part = slice(start, start + BATCH_ROWS)
+            yield _batch(images[part], labels[part], field, f"shapes(seed={options.seed})/{shard}", first + start)
 
 
 def generate(n: int, options: ShapesOptions, chunk: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,14 @@ import pyarrow
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-EXTENSIONS = {"parquet": (".parquet", ".pq"), "csv": (".csv", ".csv.gz")}
+EXTENSIONS = {
+    "parquet": (".parquet", ".pq"),
+    "csv": (".csv", ".csv.gz"),
+    "images": (".png", ".jpg", ".jpeg"),
+    "tar": (".tar",),
+    "text": (".txt", ".md", ".rst"),
+    "jsonl": (".jsonl",),
+}
 S3_ATTEMPTS = 5  # the AWS SDK's standard retry strategy: exponential backoff with jitter
 
 # AWS SDK error names in pyarrow's messages, by what they mean for the user.
@@ -224,4 +231,13 @@ def batches(source: Source, fmt: str, columns: list[str], rows: int) -> Iterator
         scanner = _dataset(source, filesystem(source.uri), fmt).scanner(columns=columns, batch_size=rows)
         yield from scanner.to_batches()
     except (OSError, pyarrow.ArrowException) as exc:
+        raise readable(exc, source.uri, "reading") from exc
+
+
+def read_bytes(source: Source) -> bytes:
+    """The whole file (an image, a tar shard, a text file)."""
+    try:
+        with filesystem(source.uri).open_input_stream(source.path) as f:
+            return f.read()
+    except OSError as exc:
         raise readable(exc, source.uri, "reading") from exc

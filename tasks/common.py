@@ -8,6 +8,7 @@ from flytekit.deck import DeckField
 from flyscale import config, settings
 from flyscale.cluster import resources
 from flyscale.cluster.image import pinned_image_resolver, registration_image
+from flyscale.data.example_prep import ShardPart
 from flyscale.data.reference import FeatureProfile, PinnedSchema, Profile, Reference
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
@@ -18,7 +19,7 @@ from flyscale.evaluate.latency import LatencyReport
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import CacheReport, TaskRun
-from flyscale.plugin.contracts import DatasetInfo, GateVerdict
+from flyscale.plugin.contracts import DatasetInfo, FieldSpec, GateVerdict
 from flyscale.render.summary import RunSummary
 from flyscale.tracking.publish import Registration
 from flyscale.train.distributed import DistContext, configure_logging
@@ -66,6 +67,8 @@ register(
     config.QuantizeConfig,
     config.MlflowConfig,
     DatasetInfo,
+    FieldSpec,
+    ShardPart,
     GateVerdict,
     DataFingerprint,
     ValidationReport,

@@ -16,7 +16,7 @@ from flytekit.types.directory import FlyteDirectory
 from pandera.typing import DataFrame
 
 from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
-from flyscale.data import example_prep, shards, source, stream_prep, validation
+from flyscale.data import shards, source, stream_prep, validation
 from flyscale.data.augment import augment
 from flyscale.data.drift import profile
 from flyscale.data.reference import Reference
@@ -26,7 +26,7 @@ from flyscale.data.source import DataFingerprint, frame_hash
 from flyscale.data.split import split
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.provenance import TaskRun, execution_key
-from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo
+from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
 from flyscale.tracking.live import save_rejected
 from flyscale.tracking.reference import read_reference as read_reference_of
@@ -190,39 +190,6 @@ def prepare_stream(
     )
     Deck("Data validation", (Path(files) / "validation.html").read_text())
     # Held to the reference by the source's fingerprint: hashing the content would read it all.
-    found = ValidatedData(
-        prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
-    )
-    return Streamed(prepared.train, prepared.val, prepared.test, found, run.done())
-
-
-@task(
-    cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib", "pillow")),
-    **TASK,
-    requests=SMALL,
-    enable_deck=True,
-    deck_fields=DECKS,
-)
-def prepare_examples(
-    cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference, store: MlflowConfig
-) -> Streamed:
-    """For typed examples (images, ...): validate each field batch by batch, quarantine what fails
-    with its origin and reason, and write the three splits as shards of the decoded fields (keyed
-    on the source's fingerprint). No DataFrame of a column per element is ever made."""
-    run = TaskRun.start("prepare_examples")
-    info = source.info(cfg)
-    with rejected_rows_kept(store):
-        prepared = example_prep.prepare(source.examples(cfg), cfg, info, reference)
-    reasons = [SOURCE_FILE, SOURCE_ROW, "reason"]  # what the report shows of each (not the pixels)
-    quarantined = (
-        shards.head_table(prepared.quarantined.dir.path, 10_000, reasons).to_pandas()
-        if prepared.quarantined.rows
-        else pd.DataFrame(columns=reasons)
-    )
-    files = validation_report.write(
-        prepared.report, quarantined, prepared.sample, prepared.info, prepared.profile, reference
-    )
-    Deck("Data validation", (Path(files) / "validation.html").read_text())
     found = ValidatedData(
         prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
     )

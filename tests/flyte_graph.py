@@ -10,8 +10,14 @@ from flytekit.core.condition import BranchNode
 
 
 def workflow_tasks(workflow) -> dict[str, Task]:
-    """{short task name: task} over every node, branches and sub-workflows included."""
-    return {task.name.rsplit(".", 1)[-1]: task for task in _tasks(workflow)}
+    """{short task name: task} over every node, branches and sub-workflows included; a map task
+    under the name of the task it maps."""
+    return {_short(task): task for task in _tasks(workflow)}
+
+
+def _short(task: Task) -> str:
+    mapped = getattr(task, "python_function_task", None)  # an ArrayNodeMapTask
+    return (mapped or task).name.rsplit(".", 1)[-1]
 
 
 def _tasks(workflow) -> Iterator[Task]:

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from flyteidl.admin.launch_plan_pb2 import LaunchPlan
 from flyteidl.admin.task_pb2 import TaskSpec
+from flyteidl.admin.workflow_pb2 import WorkflowSpec
 from flyteidl.core.execution_pb2 import WorkflowExecution
 from flyteidl.core.tasks_pb2 import Resources
 from flytekit.models.concurrency import ConcurrencyLimitBehavior
@@ -57,6 +58,10 @@ def _package(tmp_path: Path, **env: str) -> dict[str, object]:
                 spec = TaskSpec()
                 spec.ParseFromString(tar.extractfile(member).read())
                 specs[spec.template.id.name] = spec
+            elif kind == "2.pb":
+                workflow = WorkflowSpec()
+                workflow.ParseFromString(tar.extractfile(member).read())
+                specs[f"workflow {workflow.template.id.name}"] = workflow
             elif kind == "3.pb":
                 plan = LaunchPlan()
                 plan.ParseFromString(tar.extractfile(member).read())
@@ -110,8 +115,8 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    # the model check, the three data branches, both publish branches, the failure handler
-    assert len(_tasks(specs)) == 18
+    # the model check, the three data branches (one a map task), both publish branches, the failure handler
+    assert len(_tasks(specs)) == 21
     assert "tasks.register.close_failed_run" in specs
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1
@@ -131,6 +136,19 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     # Every other task asks for the file's (here default) small share.
     load = specs["tasks.data.load_data"].template.container.resources
     assert {Resources.ResourceName.Name(r.name): r.value for r in load.requests} == {"CPU": "1", "MEMORY": "2Gi"}
+
+
+@pytest.mark.timeout(400)
+def test_typed_examples_are_prepared_by_a_map_task_over_their_shards(packaged):
+    """On a cluster each shard of images or text is its own pod: an array node over the shard
+    list, the config, the pinned info and the fingerprint bound, not mapped."""
+    workflow = packaged["one node"]["workflow workflows.data.examples_data"]
+    (array,) = [n.array_node for n in workflow.template.nodes if n.HasField("array_node")]
+    assert array.node.task_node.reference_id.name.startswith("tasks.examples.map_prepare_shard_")
+    shard = next(i.binding.promise for i in array.node.inputs if i.var == "shard")
+    assert shard.attr_path[0].string_value == "shards"  # the plan's list of shards, mapped over
+    assert set(array.bound_inputs) == {"cfg", "info", "fingerprint"}
+    assert array.min_success_ratio == 1  # a shard that fails fails the preparation: nothing is dropped
 
 
 @pytest.mark.timeout(400)

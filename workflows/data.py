@@ -1,13 +1,13 @@
-"""The two ways data becomes training splits; `training_pipeline` picks one with a Flyte
+"""The three ways data becomes training splits; `training_pipeline` picks one with a Flyte
 `conditional`, so the graph shows which ran. Wiring only.
 
 - `in_memory_data`: load, validate, split (stratified) and augment, as DataFrames.
 - `streamed_data`: for data larger than memory, one task validates it chunk by chunk and splits
   it as it streams by.
-- `examples_data`: for typed examples (images, ...), one task validates them field by field and
-  splits them as they stream by, in memory or not.
+- `examples_data`: for typed examples (images, text), each shard of the dataset is validated
+  field by field and split by a task of its own (a map task), and one small task combines them.
 
-Both end in the same outputs: the three splits as Parquet shards, what validation found
+All three end in the same outputs: the three splits as Parquet shards, what validation found
 (tasks/records.py ValidatedData), and the stamps of the cached tasks that ran.
 """
 
@@ -19,15 +19,8 @@ from flyscale.config import PipelineConfig
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.provenance import TaskRun
-from tasks.data import (
-    augment_data,
-    load_data,
-    prepare_examples,
-    prepare_stream,
-    read_reference,
-    split_data,
-    validate_data,
-)
+from tasks.data import augment_data, load_data, prepare_stream, read_reference, split_data, validate_data
+from tasks.examples import combine_shards, plan_shards, prepare_shards
 from tasks.records import ValidatedData
 
 
@@ -66,9 +59,11 @@ def streamed_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
 
 @workflow
 def examples_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
-    """reference -> prepare the examples (validate field by field, split as they go)."""
+    """reference -> plan the shards -> prepare each shard (a map task) -> combine them."""
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
-    train, val, test, validated, prepare_ran = prepare_examples(
-        cfg=cfg.data, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
+    plan = plan_shards(cfg=cfg.data, fingerprint=fingerprint, reference=reference)
+    parts = prepare_shards(shard=plan.shards, cfg=cfg.data, info=plan.info, fingerprint=fingerprint)
+    train, val, test, validated, runs = combine_shards(
+        parts=parts, cfg=cfg.data, info=plan.info, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
     )
-    return Prepared(train, val, test, validated, [prepare_ran])
+    return Prepared(train, val, test, validated, runs)

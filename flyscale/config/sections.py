@@ -34,6 +34,13 @@ class DataConfig(PluginSection):
     # A reference profile (JSON, as flyscale records it with each model) to validate against
     # instead of the champion's; empty: the champion's, when there is one.
     reference: str = ""
+    # Typed examples (images, text) only. Training streams the splits' row groups instead of
+    # reading them into memory (data larger than memory); a table streams with parquet_stream.
+    streaming: bool = False
+    # Typed examples only: the splits keep encoded images (PNG, JPEG) as they came, and the loader
+    # decodes them, in its worker processes when training streams: a fraction of the disk for
+    # JPEGs, at the cost of decoding every epoch. Off: decoded once, when validated.
+    keep_encoded: bool = False
 
     def __post_init__(self):
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
@@ -42,6 +49,13 @@ class DataConfig(PluginSection):
         fraction(self, "max_quarantine_fraction")
         if self.max_drift_psi < 0:
             raise ValueError(f"data.max_drift_psi must be >= 0 (0 = report only), got {self.max_drift_psi}")
+        table = getattr(self.plugin.plugin, "examples", None) is None
+        for name in ("streaming", "keep_encoded"):
+            if getattr(self, name) and table:
+                raise ValueError(
+                    f"data.{name} is for datasets of typed examples (images, text); {self.dataset!r} is a table"
+                    + (": stream a table with parquet_stream or csv_stream" if name == "streaming" else "")
+                )
 
 
 @section

@@ -27,13 +27,31 @@ def size(field: FieldSpec) -> int:
 
 
 def arrow_type(field: FieldSpec) -> pa.DataType:
-    """How the field is stored in the shards flyscale writes (decoded)."""
+    """How the field is stored in the splits flyscale writes (decoded)."""
+    if field.dtype == "string":
+        return pa.string()
     element = pa.from_numpy_dtype(np.dtype(field.dtype))
+    if field.variable:
+        return pa.list_(element)
     return pa.list_(element, size(field)) if field.shape else element
 
 
+def split_schema(info: DatasetInfo, keep_encoded: bool = False) -> pa.Schema:
+    """The columns of a split of typed examples: each field (encoded images as binary when they
+    are kept encoded), then where each example came from."""
+    columns = [(f.name, pa.binary() if keep_encoded and f.encoding != "raw" else arrow_type(f)) for f in info.fields]
+    return pa.schema([*columns, ("source_file", pa.string()), ("source_row", pa.int64()), ("source_key", pa.string())])
+
+
 def to_arrow(values: np.ndarray, field: FieldSpec) -> pa.Array:
-    """(N, *shape) values as the field's column."""
+    """Decoded values (as flyscale.data.example_checks makes them) as the field's column."""
+    if field.dtype == "string":
+        return pa.array(list(values), pa.string())
+    if field.variable:
+        lengths = np.array([len(v) for v in values], dtype="int32")
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype("int32")
+        flat = np.concatenate(list(values)) if len(values) else np.zeros(0)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat.astype(field.dtype)))
     values = np.ascontiguousarray(values, dtype=field.dtype)
     if not field.shape:
         return pa.array(values)
@@ -41,13 +59,37 @@ def to_arrow(values: np.ndarray, field: FieldSpec) -> pa.Array:
 
 
 def to_numpy(column: pa.Array | pa.ChunkedArray, field: FieldSpec) -> np.ndarray:
-    """A stored (decoded) column as (N, *shape) values of the field's dtype."""
+    """A stored column as the field's values: (N, *shape) of its dtype, decoding images kept
+    encoded; an object array of documents or of variable-length sequences."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
+    if pa.types.is_binary(column.type) and field.dtype != "string":
+        return decode_images(column, field)
+    if field.dtype == "string":
+        return np.array(column.to_pylist(), dtype=object)
+    if field.variable:
+        flat = column.flatten().to_numpy(zero_copy_only=False).astype(field.dtype, copy=False)
+        lengths = column.value_lengths().to_numpy(zero_copy_only=False)
+        out = np.empty(len(column), dtype=object)
+        out[:] = np.split(flat, np.cumsum(lengths)[:-1]) if len(column) else []
+        return out
     if not field.shape:
         return column.to_numpy(zero_copy_only=False).astype(field.dtype, copy=False)
     flat = column.flatten().to_numpy(zero_copy_only=False)  # flatten() honours the array's offset
     return flat.reshape(len(column), *field.shape).astype(field.dtype, copy=False)
+
+
+def stored_values(table: pa.Table, info: DatasetInfo) -> dict[str, np.ndarray]:
+    """Every field of a split's rows, as values (what duplicates are compared by)."""
+    return {f.name: to_numpy(table.column(f.name), f) for f in info.fields}
+
+
+def decode_images(column: pa.Array, field: FieldSpec) -> np.ndarray:
+    """Encoded images kept in a split (already validated) as uint8 (N, C, H, W)."""
+    out = np.empty((len(column), *field.shape), dtype="uint8")
+    for i, data in enumerate(column.to_pylist()):
+        out[i] = decode_image(data, field)
+    return out
 
 
 def decode_image(data: bytes, field: FieldSpec) -> np.ndarray:

@@ -120,12 +120,15 @@ def head_table(path: str, rows: int, columns: list[str]) -> pyarrow.Table:
             break
         parts.append(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns))
         have += unit.rows
-    return pyarrow.concat_tables(parts).slice(0, rows) if parts else read_table(path, columns)
+    return (
+        pyarrow.concat_tables(parts, promote_options="default").slice(0, rows) if parts else read_table(path, columns)
+    )
 
 
 def read_table(path: str, columns: list[str]) -> pyarrow.Table:
-    """A whole split as one Arrow table (typed fields stay fixed-size lists: no pandas on the way)."""
-    return pyarrow.concat_tables([pq.read_table(f, columns=columns) for f in files(path)])
+    """A whole split as one Arrow table (typed fields stay fixed-size lists: no pandas on the way).
+    Files may differ in the columns not asked for (a quarantine's duplicates hold decoded values)."""
+    return pyarrow.concat_tables([pq.read_table(f, columns=columns) for f in files(path)], promote_options="default")
 
 
 def read(path: str, columns: list[str] | None = None) -> pd.DataFrame:
@@ -152,11 +155,15 @@ def units(path: str) -> list[Unit]:
     return out
 
 
-def take(units_: list[Unit], ordinals: np.ndarray) -> pd.DataFrame:
-    """The rows at these positions (0 is the split's first row), in the order asked for; each row
-    group that holds one is read once."""
+def take_table(units_: list[Unit], ordinals: np.ndarray, columns: list[str] | None = None) -> pyarrow.Table:
+    """The rows at these positions (0 is the split's first row), in the order asked for, as Arrow;
+    each row group that holds one is read once."""
     if len(ordinals) == 0:
-        return pq.ParquetFile(units_[0].file).schema_arrow.empty_table().to_pandas() if units_ else pd.DataFrame()
+        return (
+            pq.ParquetFile(units_[0].file).schema_arrow.empty_table().select(columns or [])
+            if units_
+            else pyarrow.table({})
+        )
     starts = np.cumsum([0] + [u.rows for u in units_])
     order = np.argsort(ordinals, kind="stable")
     wanted = np.asarray(ordinals, dtype="int64")[order]
@@ -164,10 +171,16 @@ def take(units_: list[Unit], ordinals: np.ndarray) -> pd.DataFrame:
     parts = []
     for g in np.unique(group):
         unit = units_[g]
-        table = pq.ParquetFile(unit.file).read_row_group(unit.row_group)
+        table = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns)
         parts.append(table.take(pyarrow.array(wanted[group == g] - starts[g])))
-    rows = pyarrow.concat_tables(parts).to_pandas()
-    return rows.iloc[np.argsort(order, kind="stable")].reset_index(drop=True)
+    return pyarrow.concat_tables(parts).take(pyarrow.array(np.argsort(order, kind="stable")))
+
+
+def take(units_: list[Unit], ordinals: np.ndarray) -> pd.DataFrame:
+    """The rows at these positions (0 is the split's first row), in the order asked for."""
+    if len(ordinals) == 0:
+        return pq.ParquetFile(units_[0].file).schema_arrow.empty_table().to_pandas() if units_ else pd.DataFrame()
+    return take_table(units_, ordinals).to_pandas()
 
 
 def size_bytes(path: str) -> int:

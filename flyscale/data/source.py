@@ -69,11 +69,25 @@ def has_examples(cfg: DataConfig) -> bool:
     return getattr(cfg.plugin.plugin, "examples", None) is not None
 
 
-def examples(cfg: DataConfig) -> Iterator[pa.RecordBatch]:
-    """A dataset's typed examples, as its plugin hands them over."""
+def shards(cfg: DataConfig) -> list[str]:
+    """The pieces a dataset of typed examples comes in, in its order ([""]: one piece)."""
     r = cfg.plugin
+    if getattr(r.plugin, "shards", None) is None:
+        return [""]
     with data_errors(f"dataset {cfg.dataset!r}"):
-        yield from r.plugin.examples(r.options)
+        names = [str(s) for s in r.plugin.shards(r.options)]
+    if not names:
+        raise DataError(f"dataset {cfg.dataset!r} has no shards: there is nothing to validate or train on")
+    if len(set(names)) != len(names):
+        raise DataError(f"dataset {cfg.dataset!r}: shards() named a shard twice; each must be named once")
+    return names
+
+
+def examples(cfg: DataConfig, shard: str) -> Iterator[pa.RecordBatch]:
+    """One shard's typed examples, as the dataset's plugin hands them over."""
+    r = cfg.plugin
+    with data_errors(f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")):
+        yield from r.plugin.examples(r.options, shard)
 
 
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:

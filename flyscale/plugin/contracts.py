@@ -29,25 +29,32 @@ if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry l
 
 
 ENCODINGS = ("raw", "png", "jpeg")
-DTYPES = ("uint8", "int32", "int64", "float32")
+DTYPES = ("uint8", "int32", "int64", "float32", "string")
 
 
 @dataclass
 class FieldSpec:
     """One field of every example: what it holds, per example, once decoded.
 
-    `image: uint8[3, 32, 32]` is FieldSpec("image", "uint8", [3, 32, 32]); PNG bytes decoded to
-    that are the same with encoding="png"; `label: int64` is FieldSpec("label", "int64", []).
-    Between tasks a field travels as one Arrow column (a fixed-size list of its elements), never
-    as a column per element.
+    - `image: uint8[3, 32, 32]` is FieldSpec("image", "uint8", [3, 32, 32]); PNG or JPEG bytes
+      decoded to that are the same with encoding="png" (or "jpeg": either decodes either).
+    - `tokens: int32[<= 512]` is FieldSpec("tokens", "int32", [512], variable=True).
+    - `features: float32[64]` is FieldSpec("features", "float32", [64]).
+    - `label: int64` is FieldSpec("label", "int64", []); `text: string` is FieldSpec("text",
+      "string", []), a document that must decode as UTF-8 and not be empty.
+
+    Between tasks a field travels as one Arrow column (a fixed-size list of its elements, a list
+    when `variable`), never as a column per element.
     """
 
     name: str
     dtype: str  # one of DTYPES
     shape: list[int]  # per example; [] for a scalar
     encoding: str = "raw"  # one of ENCODINGS: how the dataset hands the field over
-    # [low, high] every element must lie in (an image's uint8 pixels: [0, 255]); None: not bounded.
+    # [low, high] every element must lie in (an image's uint8 pixels: [0, 255]; token ids:
+    # [0, vocabulary - 1]); None: only the dtype's own limits.
     range: list[float] | None = None
+    variable: bool = False  # the (one) dimension is a maximum: each example has 1..shape[0] elements
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -61,20 +68,26 @@ class FieldSpec:
                 f"field {self.name!r}: {self.encoding} decodes to uint8 images (C, H, W) with C 1 or 3, "
                 f"not {self.dtype}{self.shape}"
             )
+        if self.dtype == "string" and (self.shape or self.range is not None):
+            raise ValueError(f"field {self.name!r}: a string field is one document per example: shape [] and no range")
+        if self.variable and len(self.shape) != 1:
+            raise ValueError(f"field {self.name!r}: variable=True needs one dimension (its maximum), not {self.shape}")
 
     def __str__(self) -> str:
         encoded = "" if self.encoding == "raw" else f" ({self.encoding})"
-        return f"{self.name}: {self.dtype}{self.shape if self.shape else ''}{encoded}"
+        dims = ("<= " if self.variable else "") + ", ".join(str(d) for d in self.shape)
+        return f"{self.name}: {self.dtype}{f'[{dims}]' if self.shape else ''}{encoded}"
 
 
 @dataclass
 class DatasetInfo:
     """Shape facts the model builder, augmentation and evaluation need; travels between tasks.
 
-    A dataset of typed examples (images, ...) declares `fields`: the model's input is the field
-    named `input_field` and the class is the field named `label_column`, and models receive the
-    input as a tensor of its declared shape. A table leaves `fields` empty: its numeric
-    `feature_columns` are the input, (N, len(feature_columns)).
+    A dataset of typed examples (images, text, ...) declares `fields`: the model's input is the
+    field named `input_field` and the class is the field named `label_column` ("" for examples
+    without one, such as a text corpus, with `num_classes` 0), and models receive the input as a
+    tensor of its declared shape. A table leaves `fields` empty: its numeric `feature_columns`
+    are the input, one float32 `features` tensor (N, len(feature_columns)).
     """
 
     name: str
@@ -100,6 +113,9 @@ class DatasetInfo:
 # the checks and puts them beside every quarantined row.
 SOURCE_FILE = "_source_file"
 SOURCE_ROW = "_source_row"
+# Typed examples may also name each example within its file (a tar member's key, an image's
+# path): kept beside a quarantined example, so the user can find it.
+SOURCE_KEY = "_source_key"
 
 
 @dataclass
@@ -125,11 +141,16 @@ class DatasetPlugin(Protocol):
     `streaming = True` with `chunks(options)`, an iterator of frames like `load`'s: the data is
     larger than memory, so flyscale validates it chunk by chunk and training streams it.
 
-    A dataset of typed examples (images, ...) declares its `fields` in `info` and has
-    `examples(options)` instead of `load`: an iterator of `pyarrow.RecordBatch`es, one column per
-    field (a fixed-size list, a list, binary for encoded images, or a scalar), optionally with the
-    origin columns `_source_file` and `_source_row`. flyscale validates each field, quarantines
-    bad examples with their origin and reason, and splits them as they stream by, however large.
+    A dataset of typed examples (images, text, ...) declares its `fields` in `info` and has
+    `examples(options, shard)` instead of `load`: an iterator of `pyarrow.RecordBatch`es of one
+    shard, one column per field (a fixed-size list or a list of numbers, binary for encoded
+    images, string or binary for text, or a scalar), and the origin columns `_source_file` and
+    `_source_row` (the file or object, and the example's position in it). Optional
+    `shards(options)`: the names of the pieces the data comes in (files, objects, tar shards), in
+    a stable order; flyscale prepares them as a Flyte map task, a pod each on a cluster, and
+    combines what they found. A dataset without `shards` is one piece, and `shard` is "".
+    flyscale validates each field, quarantines bad examples with their origin and reason,
+    de-duplicates across shards and splits by origin, however large the data.
     """
 
     def load(self, options: Any) -> pd.DataFrame: ...
@@ -203,7 +224,13 @@ SIGNATURE_HINTS: dict[tuple[str, str], str] = {
 
 # Methods a kind may leave out, and the arguments flyscale passes when it is there.
 OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
-    "datasets": {"row_schema": ["options"], "fingerprint": ["options"], "chunks": ["options"], "examples": ["options"]},
+    "datasets": {
+        "row_schema": ["options"],
+        "fingerprint": ["options"],
+        "chunks": ["options"],
+        "examples": ["options", "shard"],
+        "shards": ["options"],
+    },
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
 }
 
@@ -263,10 +290,11 @@ def as_dataset_info(obj: Any, where: str) -> DatasetInfo:
     """Any object with DatasetInfo's fields, as a DatasetInfo; `where` names the plugin."""
     info = obj if isinstance(obj, DatasetInfo) else _converted_info(obj, where)
     names = [x.name for x in info.fields]
-    if info.fields and (info.input_field not in names or info.label_column not in names):
+    labelled = info.label_column != ""
+    if info.fields and (info.input_field not in names or (labelled and info.label_column not in names)):
         raise TypeError(
             f"{where}: info() declares fields {names}; input_field ({info.input_field!r}) and label_column "
-            f"({info.label_column!r}) must each name one of them"
+            f'({info.label_column!r}, or "" for examples without a label) must each name one of them'
         )
     return info
 
@@ -315,15 +343,13 @@ def _as_field(obj: Any, where: str) -> FieldSpec:
         return obj
     f = _fields(
         obj,
-        ("name", "dtype", "shape", "encoding", "range"),
+        ("name", "dtype", "shape", "encoding", "range", "variable"),
         f"{where}: info() field",
-        {
-            "encoding": "raw",
-            "range": None,
-        },
+        {"encoding": "raw", "range": None, "variable": False},
     )
     bounds = None if f["range"] is None else [float(v) for v in f["range"]]
-    return FieldSpec(str(f["name"]), str(f["dtype"]), [int(d) for d in f["shape"]], str(f["encoding"]), bounds)
+    shape = [int(d) for d in f["shape"]]
+    return FieldSpec(str(f["name"]), str(f["dtype"]), shape, str(f["encoding"]), bounds, bool(f["variable"]))
 
 
 def as_gate_verdict(obj: Any, where: str) -> GateVerdict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from flyscale.data.source import DataFingerprint
@@ -134,9 +135,7 @@ class RunSummary:
         lines.append(f"  promotion   {r.promotion}")
         if self.cache is not None:
             c = self.cache
-            lines.append(
-                f"  cache       ran {', '.join(c.ran) or 'nothing'}; from the cache: {', '.join(c.cached) or 'nothing'}"
-            )
+            lines.append(f"  cache       ran {_counted(c.ran)}; from the cache: {_counted(c.cached)}")
             lines.append(
                 f"              always run: {', '.join(c.always)} (they read the data and the champion as they are now)"
             )
@@ -146,3 +145,9 @@ class RunSummary:
                 )
         lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri, r.experiment_id)}")
         return "\n".join(lines)
+
+
+def _counted(tasks: list[str]) -> str:
+    """Task names in order, a task that ran several times (a map task's shards) once with its count."""
+    counts = Counter(tasks)
+    return ", ".join(f"{t} x{counts[t]}" if counts[t] > 1 else t for t in dict.fromkeys(tasks)) or "nothing"
