@@ -19,8 +19,9 @@ from flyscale.cluster.launchers import (
     training_retries,
 )
 from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
-from flyscale.config import MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
+from flyscale.config import AugmentConfig, MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
 from flyscale.config.flatten import flatten
+from flyscale.data.augment import on_the_fly
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import code_cache, code_version
@@ -41,7 +42,9 @@ from tasks.common import DECKS, task_options
 from tasks.records import TrainedModel
 
 
-def identity(fingerprint: DataFingerprint, model_cfg: ModelConfig, cfg: TrainConfig, world_size: int) -> str:
+def identity(
+    fingerprint: DataFingerprint, model_cfg: ModelConfig, cfg: TrainConfig, world_size: int, augment: AugmentConfig
+) -> str:
     """The key of what this task trains (what its cache key holds, but for the execution): the
     same command run again after a Ctrl-C or a crash has the same one, and resumes."""
     return training_key(
@@ -49,6 +52,7 @@ def identity(fingerprint: DataFingerprint, model_cfg: ModelConfig, cfg: TrainCon
             "data": fingerprint.value,
             "model": flatten(model_cfg),
             "train": flatten(cfg),
+            "augment": flatten(augment),
             "launcher": launcher_facts(),
             "world_size": world_size,
             "code": code_version(__name__, ("models", "strategies")),
@@ -87,6 +91,7 @@ def train_job(
     mlflow_cfg: MlflowConfig,
     recovery: RecoveryConfig,
     threads: int = 0,
+    augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (never mutated)
 ) -> TrainedModel | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
@@ -103,7 +108,7 @@ def train_job(
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
-        key = identity(fingerprint, model_cfg, cfg, ctx.world_size)
+        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment)
         with restart_directory(
             ctx, recovery.checkpoint_dir, key, f"{started.execution}@{started.started_at!r}"
         ) as root:
@@ -119,7 +124,8 @@ def train_job(
             # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
             # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
             hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
-            result = train_fn(model, train_data_from(train, val, info), cfg, ctx, options, hooks)
+            data = train_data_from(train, val, info, on_the_fly(augment, info))
+            result = train_fn(model, data, cfg, ctx, options, hooks)
             finished = len(result.history.epochs) == cfg.epochs
             ctx.barrier()  # every rank is past its last checkpoint read or write
             if ctx.is_main and finished:
@@ -157,11 +163,12 @@ def train_model(
     started: TaskRun,
     mlflow_cfg: MlflowConfig,
     recovery: RecoveryConfig = RecoveryConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (typed examples: each batch as it is drawn)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
     resumes from the newest one of this training (after a worker restart, a Flyte retry, or
     the same command again after a Ctrl-C)."""
     run = TaskRun.start("train_model")
-    trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery)
+    trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery, augment=augment)
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

@@ -345,20 +345,21 @@ def test_a_run_directory_is_found_by_its_training_and_held_while_it_trains(tmp_p
 
 
 def test_the_training_key_changes_with_what_is_trained():
-    from flyscale.config import ModelConfig, TrainConfig
+    from flyscale.config import AugmentConfig, ModelConfig, TrainConfig
     from flyscale.data.source import DataFingerprint
     from tasks.train import identity
 
-    data, model, train = DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig()
-    key = identity(data, model, train, 2)
-    assert key == identity(DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), 2)
+    data, model, train, aug = DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), AugmentConfig()
+    key = identity(data, model, train, 2, aug)
+    assert key == identity(DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), 2, AugmentConfig())
     others = [
-        identity(DataFingerprint("digits", "abd", "stat"), model, train, 2),
-        identity(data, ModelConfig(name="cnn"), train, 2),
-        identity(data, model, TrainConfig(seed=train.seed + 1), 2),
-        identity(data, model, train, 3),
+        identity(DataFingerprint("digits", "abd", "stat"), model, train, 2, aug),
+        identity(data, ModelConfig(name="cnn"), train, 2, aug),
+        identity(data, model, TrainConfig(seed=train.seed + 1), 2, aug),
+        identity(data, model, train, 3, aug),
+        identity(data, model, train, 2, AugmentConfig(names=["shift"])),  # typed examples: augmented as drawn
     ]
-    assert key not in others and len(set(others)) == 4
+    assert key not in others and len(set(others)) == 5
 
 
 def test_resume_from_names_a_checkpoint_explicitly(tmp_path):

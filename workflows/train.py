@@ -52,6 +52,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         started=started,
         mlflow_cfg=cfg.mlflow,
         recovery=cfg.recovery,
+        augment=cfg.augment,
     )
     fp32, evaluate_ran = evaluate_model(weights=trained.weights, test=test, info=validated.info, model_cfg=cfg.model)
     int8, quantize_ran = quantize_model(

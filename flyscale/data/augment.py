@@ -1,15 +1,20 @@
-"""Augmented copies of the training rows, by the configured augmentation plugins; a pure
-function of the rows and the config."""
+"""Augmentation by the configured plugins: for a table, augmented copies of the training rows
+written beside them (a pure function of the rows and the config); for typed examples (images),
+each training batch transformed as it is drawn (`Augment`), seeded by where it is drawn, so no
+copy is ever stored and every epoch sees new variants."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from flyscale.config import AugmentConfig
 from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.registry import Resolved
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +57,45 @@ def _bounds(info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
     """Per-feature (min, max) from the dataset's declared ranges; unbounded where it declares none."""
     ranges = [info.feature_ranges.get(c, (-np.inf, np.inf)) for c in info.feature_columns]
     return np.array([r[0] for r in ranges], dtype="float32"), np.array([r[1] for r in ranges], dtype="float32")
+
+
+@dataclass(frozen=True)
+class Augment:
+    """The augmentations applied to each training batch of typed examples as it is drawn.
+
+    A batch's randomness is a pure function of the seed and `key`: (epoch, rank, DataLoader
+    worker, batch) when streamed, (epoch, rank, 0, batch) in memory. Values are clipped back
+    into what the model takes of the field ([0, 1] for an image's pixels).
+    """
+
+    plugins: tuple[Resolved, ...]
+    seed: int
+    low: float
+    high: float
+
+    def __call__(self, x: np.ndarray, key: Sequence[int]) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, *key])
+        for r in self.plugins:
+            result = r.plugin(x, rng, r.options)
+            if not isinstance(result, np.ndarray) or result.shape != x.shape:
+                got = getattr(result, "shape", type(result).__name__)
+                raise TypeError(
+                    f"augmentation {r.name!r} returned {got} for a batch of shape {x.shape}; "
+                    "it must return an array of the same shape"
+                )
+            x = result.astype("float32", copy=False)
+        return np.clip(x, self.low, self.high, out=x if x.flags.writeable else None)
+
+
+def on_the_fly(cfg: AugmentConfig, info: DatasetInfo) -> Augment | None:
+    """What augments a dataset of typed examples' training batches (None: nothing, or a table)."""
+    field = info.input()
+    if field is None or not cfg.plugins:
+        return None
+    if field.dtype == "uint8":
+        low, high = 0.0, 1.0  # what the reader makes of uint8 pixels
+    elif field.range is not None:
+        low, high = field.range
+    else:
+        low, high = -np.inf, np.inf
+    return Augment(tuple(cfg.plugins), cfg.seed, float(low), float(high))

@@ -116,7 +116,11 @@ class _Writers:
 
     def __init__(self, root: Path, cfg: DataConfig, info: DatasetInfo, keep_encoded: bool):
         self.cfg, self.info, self.keep_encoded = cfg, info, keep_encoded
-        self.splits = [ShardWriter(s, streamed=True, root=str(root / s)) for s in SPLITS]
+        rows = fields.row_group_rows(info)
+        self.splits = [
+            ShardWriter(s, streamed=True, root=str(root / s), rows_per_file=8 * rows, row_group_rows=rows)
+            for s in SPLITS
+        ]
         self.profiler = field_profile.Profiler(info)
 
     def add(self, table: pa.Table, checked: Checked, keep: np.ndarray, origin: pd.DataFrame) -> np.ndarray:

@@ -36,6 +36,17 @@ def arrow_type(field: FieldSpec) -> pa.DataType:
     return pa.list_(element, size(field)) if field.shape else element
 
 
+ROW_GROUP_BYTES = 32 * 2**20  # of decoded examples: what one streaming read holds
+STRING_BYTES = 2048  # what a document is taken to weigh, for that
+
+
+def row_group_rows(info: DatasetInfo) -> int:
+    """Examples per row group of a split: the tables' 65,536, fewer where examples are large (a
+    3x32x32 image is 3 KB: 10,922 of them), so that a streaming read stays small."""
+    example = sum(STRING_BYTES if f.dtype == "string" else size(f) * np.dtype(f.dtype).itemsize for f in info.fields)
+    return int(max(256, min(65_536, ROW_GROUP_BYTES // max(1, example))))
+
+
 def split_schema(info: DatasetInfo, keep_encoded: bool = False) -> pa.Schema:
     """The columns of a split of typed examples: each field (encoded images as binary when they
     are kept encoded), then where each example came from."""
@@ -123,7 +134,9 @@ class Reader:
 
     A table's feature columns are stacked into float32 (N, features). A field is read at its
     declared shape: floats as float32, integer ids (tokens) as int64, and uint8 images as float32
-    in [0, 1] (pixel / 255), the scale image models are built for.
+    in [0, 1] (pixel / 255), the scale image models are built for. `read_stored` keeps a field as
+    stored (an image as uint8: a quarter of the memory, for a streaming buffer) and `to_model`
+    converts a batch of it; `read` is both.
     """
 
     label: str
@@ -136,25 +149,37 @@ class Reader:
         return [*inputs, self.label]
 
     def read(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        x, y = self.read_stored(table)
+        return self.to_model(x), y
+
+    def read_stored(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs as stored, decoded: uint8 images stay uint8; labels int64)."""
         if self.field is None:
             x = np.stack([table.column(c).to_numpy().astype("float32", copy=False) for c in self.features], axis=1)
         else:
-            values = to_numpy(table.column(self.field.name), self.field)
-            if self.field.dtype == "uint8":
-                x = values.astype("float32") / 255.0
-            elif self.field.dtype == "float32":
-                x = np.array(values, dtype="float32")
-            else:
-                x = np.array(values, dtype="int64")
+            x = to_numpy(table.column(self.field.name), self.field)
         # Copies: arrow's zero-copy arrays are read-only, and torch warns on tensors over them.
-        return x, np.array(table.column(self.label).to_numpy(), dtype="int64")
+        return np.array(x), np.array(table.column(self.label).to_numpy(), dtype="int64")
+
+    def to_model(self, x: np.ndarray) -> np.ndarray:
+        """A batch as stored, as models take it."""
+        if self.field is None or self.field.dtype == "float32":
+            return np.asarray(x, dtype="float32")
+        if self.field.dtype == "uint8":
+            return x.astype("float32") / 255.0
+        return np.asarray(x, dtype="int64")
 
     def empty(self) -> np.ndarray:
-        """No rows of inputs, with the right trailing shape and dtype (to start a buffer)."""
+        """No rows of inputs as stored, with the right trailing shape and dtype (to start a buffer)."""
         if self.field is None:
             return np.empty((0, len(self.features)), dtype="float32")
-        dtype = "int64" if self.field.dtype in ("int32", "int64") else "float32"
-        return np.empty((0, *self.field.shape), dtype=dtype)
+        return np.empty((0, *self.field.shape), dtype=self.field.dtype)
+
+    def example_bytes(self) -> int:
+        """Bytes of one example's inputs as stored."""
+        if self.field is None:
+            return 4 * max(1, len(self.features))
+        return size(self.field) * np.dtype(self.field.dtype).itemsize
 
 
 def reader(info: DatasetInfo) -> Reader:

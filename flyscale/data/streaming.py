@@ -25,25 +25,40 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from flyscale.data.fields import Reader
 
-if TYPE_CHECKING:  # only a type here: importing shards would pull in flytekit for every worker
+if TYPE_CHECKING:  # only types here: importing shards would pull in flytekit for every worker
+    from flyscale.data.augment import Augment
     from flyscale.data.shards import Unit
 
 BUFFER_ROWS = 16_384  # rows mixed across row groups before a batch is drawn
+BUFFER_BYTES = 64 * 2**20  # and at most this much of them (a row of a 3x32x32 image is 3 KB)
+
+
+def buffer_rows(reader: Reader) -> int:
+    """Rows the shuffle buffer holds: BUFFER_ROWS, fewer where examples are large."""
+    return max(1024, min(BUFFER_ROWS, BUFFER_BYTES // reader.example_bytes()))
 
 
 @dataclass(frozen=True)
 class Stream:
-    """Where a split's shards are and what to read from them."""
+    """Where a split's shards are and what to read from them, and what is done to each training
+    batch as it is drawn (augmentation), if anything."""
 
     train: list[Unit]
     val: list[Unit]
     reader: Reader
     buffer_rows: int = BUFFER_ROWS
+    augment: Augment | None = None
 
 
 def read_unit(unit: Unit, reader: Reader) -> tuple[np.ndarray, np.ndarray]:
     """One row group: (inputs, labels int64), as `reader` reads them."""
-    return reader.read(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=reader.columns))
+    x, y = read_stored_unit(unit, reader)
+    return reader.to_model(x), y
+
+
+def read_stored_unit(unit: Unit, reader: Reader) -> tuple[np.ndarray, np.ndarray]:
+    """One row group, decoded but as stored (uint8 images stay uint8)."""
+    return reader.read_stored(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=reader.columns))
 
 
 class StreamingShards(IterableDataset):
@@ -60,10 +75,11 @@ class StreamingShards(IterableDataset):
         workers: int,
         seed: int,
         buffer_rows: int = BUFFER_ROWS,
+        augment: Augment | None = None,
     ):
         if not units:
             raise ValueError("the training split has no rows to stream")
-        self.units, self.reader = list(units), reader
+        self.units, self.reader, self.augment = list(units), reader, augment
         self.batch_size, self.rank, self.world = batch_size, rank, world
         self.workers, self.seed, self.buffer_rows = max(1, workers), seed, buffer_rows
         self._epoch, self._iterations = 0, 0
@@ -111,21 +127,32 @@ class StreamingShards(IterableDataset):
         self._iterations += 1
         pieces, quota = self.plan(epoch)[(self.rank, worker)]
         rng = np.random.default_rng([self.seed, epoch, self.rank, worker])
-        buf_x = self.reader.empty()
+        key = (epoch, self.rank, worker)
+        buf_x = self.reader.empty()  # as stored (uint8 images: a quarter of float32's memory)
         buf_y = np.empty(0, dtype="int64")
         emitted = 0
         for unit, first, end in pieces:
             if emitted >= quota:
                 return
-            x, y = read_unit(unit, self.reader)
+            x, y = read_stored_unit(unit, self.reader)
             buf_x, buf_y = np.concatenate([buf_x, x[first:end]]), np.concatenate([buf_y, y[first:end]])
             ready = (len(buf_y) - self.buffer_rows) // self.batch_size
             if ready > 0:
                 batches, buf_x, buf_y = self._draw(buf_x, buf_y, min(ready, quota - emitted), rng)
-                yield from batches
+                yield from self._batches(batches, key, emitted)
                 emitted += len(batches)
         batches, _, _ = self._draw(buf_x, buf_y, quota - emitted, rng)
-        yield from batches
+        yield from self._batches(batches, key, emitted)
+
+    def _batches(
+        self, batches: list, key: tuple[int, int, int], first: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Stored batches as models take them, each augmented (seeded by epoch, rank, worker, batch)."""
+        for k, (x, y) in enumerate(batches, start=first):
+            x = self.reader.to_model(x)
+            if self.augment is not None:
+                x = self.augment(x, (*key, k))
+            yield torch.from_numpy(x), torch.from_numpy(y)
 
     def _draw(self, x: np.ndarray, y: np.ndarray, n: int, rng: np.random.Generator):
         """`n` batches of random rows of the buffer, and the rows left in it."""
@@ -133,7 +160,7 @@ class StreamingShards(IterableDataset):
         n = min(n, len(y) // self.batch_size)
         take, keep = perm[: n * self.batch_size], perm[n * self.batch_size :]
         batches = [
-            (torch.from_numpy(x[take[i : i + self.batch_size]]), torch.from_numpy(y[take[i : i + self.batch_size]]))
+            (x[take[i : i + self.batch_size]], y[take[i : i + self.batch_size]])
             for i in range(0, n * self.batch_size, self.batch_size)
         ]
         return batches, x[keep], y[keep]

@@ -16,11 +16,12 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler, Sampler, Tensor
 
 from flyscale.config import TrainConfig
 from flyscale.data import fields, shards
+from flyscale.data.augment import Augment
 from flyscale.data.shards import Shards
-from flyscale.data.streaming import Stream, StreamingShards, unit_batches
+from flyscale.data.streaming import Stream, StreamingShards, buffer_rows, unit_batches
 from flyscale.data.tensors import to_tensors
 from flyscale.plugin.contracts import DatasetInfo
-from flyscale.train.distributed import DistContext, sampler_order
+from flyscale.train.distributed import DistContext, sampler_order, set_epoch
 from flyscale.train.evaluator import EvalFn, evaluate_split, evaluate_units
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class TrainData:
     x_val: torch.Tensor
     y_val: torch.Tensor
     stream: Stream | None = None
+    augment: Augment | None = None  # typed examples in memory: each training batch as it is drawn
 
     def train_loader(
         self, cfg: TrainConfig, ctx: DistContext, *, shard: bool = True, drop_last: bool = False
@@ -61,6 +63,7 @@ class TrainData:
                 workers=cfg.num_workers,
                 seed=cfg.seed,
                 buffer_rows=self.stream.buffer_rows,
+                augment=self.stream.augment,
             )
             return DataLoader(
                 streamed,
@@ -76,9 +79,12 @@ class TrainData:
             sampler = ctx.train_sampler(dataset, seed=cfg.seed)
         else:  # every rank the same rows in the same order; set_epoch reseeds it identically everywhere
             sampler = RandomSampler(dataset, generator=torch.Generator().manual_seed(cfg.seed))
+        batches: TensorBatches | DataLoader
         if cfg.num_workers == 0:
-            return TensorBatches(self.x_train, self.y_train, sampler, cfg.batch_size, drop_last)
-        return make_loader(dataset, sampler, cfg, ctx, drop_last=drop_last)
+            batches = TensorBatches(self.x_train, self.y_train, sampler, cfg.batch_size, drop_last)
+        else:
+            batches = make_loader(dataset, sampler, cfg, ctx, drop_last=drop_last)
+        return batches if self.augment is None else AugmentedBatches(batches, self.augment, rank)
 
     def evaluator(self, model: nn.Module, ctx: DistContext) -> EvalFn:
         """Loss and accuracy over this rank's disjoint share of the validation split."""
@@ -137,8 +143,30 @@ class TensorBatches:
                 yield xs[i : i + self.batch_size], ys[i : i + self.batch_size]
 
 
+class AugmentedBatches:
+    """In-memory batches, each augmented as it is drawn, seeded by (epoch, rank, 0, batch): the
+    same whatever the number of DataLoader workers (which gather the rows; the augmentation runs
+    here). `set_epoch` reshuffles the batches underneath and moves the seeds on."""
+
+    def __init__(self, batches: TensorBatches | DataLoader, augment: Augment, rank: int):
+        self.batches, self.augment, self.rank = batches, augment, rank
+        self.epoch = 0
+        self.dataset = self  # what distributed.set_epoch looks at first
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        set_epoch(self.batches, epoch)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for b, (x, y) in enumerate(self.batches):
+            yield torch.from_numpy(self.augment(x.numpy().copy(), (self.epoch, self.rank, 0, b))), y
+
+
 # What a strategy iterates: batches sliced from tensors in memory, or a DataLoader.
-Batches = DataLoader | TensorBatches
+Batches = DataLoader | TensorBatches | AugmentedBatches
 
 
 def make_loader(
@@ -180,16 +208,18 @@ def train_data(train: pd.DataFrame, val: pd.DataFrame, info: DatasetInfo) -> Tra
 HEAD_ROWS = 4096  # of a streamed split, held in memory for checks such as the preflight
 
 
-def train_data_from(train: Shards, val: Shards, info: DatasetInfo) -> TrainData:
-    """The splits strategies train on: read whole when they fit, streamed when they do not."""
+def train_data_from(train: Shards, val: Shards, info: DatasetInfo, augment: Augment | None = None) -> TrainData:
+    """The splits strategies train on: read whole when they fit, streamed when they do not;
+    `augment` transforms each training batch of typed examples as it is drawn."""
     reader = fields.reader(info)
     train_dir, val_dir = train.dir.download(), val.dir.download()
     if not train.streamed:
         return TrainData(
             *_tensors(shards.read_table(train_dir, reader.columns), reader),
             *_tensors(shards.read_table(val_dir, reader.columns), reader),
+            augment=augment,
         )
-    stream = Stream(shards.units(train_dir), shards.units(val_dir), reader)
+    stream = Stream(shards.units(train_dir), shards.units(val_dir), reader, buffer_rows(reader), augment)
     heads = [_tensors(shards.head_table(d, HEAD_ROWS, reader.columns), reader) for d in (train_dir, val_dir)]
     return TrainData(*heads[0], *heads[1], stream=stream)
 
