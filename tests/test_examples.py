@@ -6,6 +6,7 @@ order or parallelism the shards ran in; then the image preset through real `pyfl
 from __future__ import annotations
 
 import io
+import json
 from concurrent.futures import ProcessPoolExecutor
 
 import mlflow
@@ -228,6 +229,17 @@ def test_the_image_preset_trains_under_pyflyte_run(tmp_path, mlflow_server):
     assert "min_metric: PASSED" in out and "registered  shapes-e2e v1" in out, out[-2500:]
     # The registered model takes images at their shape, (N, 3, 16, 16), and returns class probabilities.
     mlflow.set_tracking_uri(mlflow_server)
+    client = mlflow.MlflowClient()
+    run = client.get_run(client.get_model_version_by_alias("shapes-e2e", "champion").run_id)
+    # The runs table's Dataset column: the data, its fingerprint and each split it was used as.
+    inputs = run.inputs.dataset_inputs
+    contexts = sorted(next(t.value for t in i.tags if t.key == "mlflow.data.context") for i in inputs)
+    assert contexts == ["testing", "training", "validation"]
+    assert {i.dataset.name for i in inputs} == {"shapes"}
+    fingerprint = run.data.tags["flyscale.data_fingerprint"][:12]
+    assert {i.dataset.digest for i in inputs} == {f"{fingerprint}-{s}" for s in ("train", "val", "test")}
+    schema = json.loads(inputs[0].dataset.schema)["mlflow_colspec"]
+    assert schema[0] == {"name": "image", "type": "tensor", "tensor-spec": {"dtype": "uint8", "shape": [-1, 3, 16, 16]}}
     model = mlflow.pyfunc.load_model("models:/shapes-e2e@champion")
     probabilities = model.predict(np.zeros((2, 3, 16, 16), dtype="float32"))
     assert probabilities.shape == (2, 4) and np.allclose(probabilities.sum(axis=1), 1, atol=1e-5)

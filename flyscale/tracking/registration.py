@@ -145,7 +145,30 @@ def run_record(c: Candidate) -> run_log.RunRecord:
         plots_dir=c.plots_dir,
         tables={"latency.json": [*comparison.fp32_latency.table(), *comparison.int8_latency.table()]},
         started_at=started.started_at,
+        datasets=logged_datasets(cfg, info, fingerprint.value),
     )
+
+
+def logged_datasets(cfg: PipelineConfig, info: DatasetInfo, digest: str) -> list[run_log.LoggedDataset]:
+    """The three splits as MLflow's dataset tracking shows them. MLflow keeps one input per name and
+    digest, so each split's digest is the data fingerprint's first 12 digits and the split's name."""
+    options = cfg.data.options
+    path = str(options.get("path", "")) if isinstance(options, dict) else ""
+    if info.fields:
+        described = {f.name: (f.dtype, list(f.shape)) for f in info.fields}
+    else:  # a table's numeric columns reach the model as one features tensor
+        described = {"features": ("float32", [len(info.feature_columns)]), info.label_column: ("int64", [])}
+    return [
+        run_log.LoggedDataset(
+            cfg.data.dataset,
+            f"{digest[:12]}-{split}",
+            path,
+            context,
+            described,
+            "" if path else json.dumps(options, sort_keys=True),
+        )
+        for split, context in (("train", "training"), ("val", "validation"), ("test", "testing"))
+    ]
 
 
 def resumed(history: TrainHistory) -> str:

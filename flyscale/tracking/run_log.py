@@ -57,6 +57,45 @@ class RunRecord:
     )
     tables: dict[str, list[dict]] = field(default_factory=dict)  # {artifact file: rows}, for mlflow.log_table
     started_at: float = 0.0  # when the execution started (the run's start time)
+    datasets: list[LoggedDataset] = field(default_factory=list)  # what the run trained and was tested on
+
+
+@dataclass
+class LoggedDataset:
+    """One split as MLflow's dataset tracking records it: the runs table's Dataset column shows
+    `name (digest)` and the split, and the run's page its source and schema."""
+
+    name: str  # the dataset (its plugin's name)
+    digest: str  # the content fingerprint the run's lineage records, its first 12 digits and the split
+    source: str  # where the data is: a path or s3:// URI, or "" for data a plugin makes (then `options`)
+    context: str  # "training", "validation" or "testing"
+    fields: dict[str, tuple[str, list[int]]]  # {field: (dtype, per-example shape)}
+    options: str = ""  # the plugin's options (JSON), for data without a source URI
+
+
+def log_datasets(datasets: list[LoggedDataset]) -> None:
+    """Each split with `mlflow.log_input`: name, digest, source, schema, and the split as context."""
+    import warnings
+
+    import mlflow
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.types import ColSpec, Schema, TensorSpec
+
+    for d in datasets:
+        if d.source:
+            with warnings.catch_warnings():  # MLflow registers two local sources and says so on each path
+                warnings.simplefilter("ignore", UserWarning)
+                source = resolve_dataset_source(d.source)
+        else:
+            source = CodeDatasetSource({"flyscale.dataset": d.name, "flyscale.options": d.options})
+        specs = [
+            ColSpec("string", name) if dtype == "string" else TensorSpec(np.dtype(dtype), (-1, *shape), name)
+            for name, (dtype, shape) in d.fields.items()
+        ]
+        dataset = MetaDataset(source, name=d.name, digest=d.digest, schema=Schema(specs))
+        mlflow.log_input(dataset, context=d.context)
 
 
 def continued_run(client, history: TrainHistory) -> str:
@@ -109,6 +148,7 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     )
     if record.config:
         mlflow.log_dict(record.config, "config.yaml")  # feed it back with `pyflyte run ... --cfg config.yaml`
+    log_datasets(record.datasets)
     for m in record.history.epochs if not epochs_logged else []:
         # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
         mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
