@@ -94,7 +94,7 @@ def log_datasets(datasets: list[LoggedDataset]) -> None:
             ColSpec("string", name) if dtype == "string" else TensorSpec(np.dtype(dtype), (-1, *shape), name)
             for name, (dtype, shape) in d.fields.items()
         ]
-        dataset = MetaDataset(source, name=d.name, digest=d.digest, schema=Schema(specs))
+        dataset = MetaDataset(source, name=d.name, digest=d.digest, schema=Schema(specs))  # type: ignore[abstract]  # profile is optional at run time
         mlflow.log_input(dataset, context=d.context)
 
 
