@@ -20,6 +20,7 @@ from flyscale.config import DataConfig
 from flyscale.data import example_checks, example_combine, example_prep, fields, shards
 from flyscale.data.reference import Reference
 from flyscale.data.stream_prep import DUPLICATE
+from flyscale.errors import DataError
 from flyscale_plugins.images import ShapesOptions, generate
 from tests.conftest import REPO, run_pipeline
 
@@ -243,3 +244,23 @@ def test_the_image_preset_trains_under_pyflyte_run(tmp_path, mlflow_server):
     model = mlflow.pyfunc.load_model("models:/shapes-e2e@champion")
     probabilities = model.predict(np.zeros((2, 3, 16, 16), dtype="float32"))
     assert probabilities.shape == (2, 4) and np.allclose(probabilities.sum(axis=1), 1, atol=1e-5)
+
+
+def test_images_drift_per_channel_and_in_saturation_against_the_reference():
+    images, labels = generate(300, ShapesOptions(size=8))
+    info = RAW_INFO
+
+    def prepared(x: np.ndarray, cfg: DataConfig = CFG, reference: Reference | None = None):
+        batch = pa.record_batch({"image": fields.to_arrow(x, RAW), "label": pa.array(labels)})
+        part = example_prep.prepare_shard([batch], cfg, info)
+        return example_combine.combine([part], cfg, info, reference or Reference())
+
+    before = prepared(images)
+    same = prepared(images, reference=Reference(source="v1", profile=before.profile))
+    assert sorted(same.report.drift) == ["image[c0]", "image[c1]", "image[c2]", "image[saturated]", "label"]
+    assert max(same.report.drift.values()) < 1e-6
+    # A camera that over-exposes: every channel shifts, and many more pixels are blown out.
+    brighter = np.clip(images.astype("int64") * 3, 0, 255).astype("uint8")
+    strict = DataConfig(dataset="shapes", max_drift_psi=0.25)
+    with pytest.raises(DataError, match=r"max_drift_psi=0.25 for 4 of 5 columns \(image\[saturated\] "):
+        prepared(brighter, strict, Reference(source="v1", profile=before.profile))

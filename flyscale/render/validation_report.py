@@ -25,8 +25,12 @@ def distributions_png(clean: pd.DataFrame, info: DatasetInfo, profile: Profile, 
 
     ref = reference.profile
     bins = ref.features if ref is not None else profile.features
-    names = [n for n in info.feature_columns if n in bins]
-    new_counts = {n: histogram(clean[n].to_numpy(dtype="float64"), np.asarray(bins[n].edges)) for n in names}
+    if info.fields:  # typed examples: each field's few histograms, counted as they were prepared
+        names = [n for n in profile.features if n in bins and bins[n].edges == profile.features[n].edges]
+        new_counts = {n: profile.features[n].counts for n in names}
+    else:
+        names = [n for n in info.feature_columns if n in bins]
+        new_counts = {n: histogram(clean[n].to_numpy(dtype="float64"), np.asarray(bins[n].edges)) for n in names}
     if ref is not None:
         names.sort(key=lambda n: -psi(ref.features[n].counts, new_counts[n]))
     names = names[:PLOTTED]
@@ -43,7 +47,7 @@ def distributions_png(clean: pd.DataFrame, info: DatasetInfo, profile: Profile, 
         )
         ax.set_title(name, fontsize=8)
         ax.set_xticks([])
-    classes = sorted(profile.labels, key=int)
+    classes = sorted(profile.labels, key=int)  # none for examples without a label (a text corpus)
     _bars(
         axes[len(names)],
         classes,
