@@ -12,6 +12,7 @@ from flyscale.data.example_prep import ShardPart
 from flyscale.data.reference import FeatureProfile, PinnedSchema, Profile, Reference
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
+from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.gating import ChampionRef, Judgment
@@ -58,6 +59,7 @@ register(
     config.PipelineConfig,
     config.DataConfig,
     config.AugmentConfig,
+    config.TokenizeConfig,
     config.ModelConfig,
     config.TrainConfig,
     config.PreflightConfig,
@@ -69,6 +71,7 @@ register(
     DatasetInfo,
     FieldSpec,
     ShardPart,
+    TokenStats,
     GateVerdict,
     DataFingerprint,
     ValidationReport,

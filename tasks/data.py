@@ -25,9 +25,10 @@ from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint, frame_hash
 from flyscale.data.split import split
 from flyscale.flyte.caching import LIBRARIES, code_cache
-from flyscale.flyte.provenance import TaskRun, execution_key
+from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
+from flyscale.render.data_summary import DataSummary
 from flyscale.tracking.live import save_rejected
 from flyscale.tracking.reference import read_reference as read_reference_of
 from tasks.common import DECKS, SMALL, TASK
@@ -37,7 +38,8 @@ from tasks.records import ModelCheck, ValidatedData
 class Fingerprinted(NamedTuple):
     fingerprint: DataFingerprint
     streaming: bool
-    examples: bool  # typed examples (images, ...), prepared field by field
+    examples: bool  # typed examples (images, text), prepared field by field, shard by shard
+    text: bool  # documents, tokenized after they are prepared
     run: TaskRun
 
 
@@ -80,13 +82,17 @@ class Streamed(NamedTuple):
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
 # under the same path. Its stamp is also when this execution started.
 @task(cache=False, **TASK, requests=SMALL)
-def fingerprint_data(cfg: DataConfig, model: ModelCheck) -> Fingerprinted:
+def fingerprint_data(cfg: DataConfig, model: ModelCheck | None = None) -> Fingerprinted:
     """The identity of the configured data as it is now (see the dataset's fingerprint()).
-    `model`: an input so that no data is read before the model passed its check."""
+    `model`: an input so that no data is read before the model passed its check (none when the
+    data is prepared without training)."""
     run = TaskRun.start("fingerprint_data", execution=execution_key())
-    streaming = bool(cfg.plugin.attribute("streaming"))
     return Fingerprinted(
-        fingerprint=source.fingerprint(cfg), streaming=streaming, examples=source.has_examples(cfg), run=run.done()
+        fingerprint=source.fingerprint(cfg),
+        streaming=bool(cfg.plugin.attribute("streaming")),
+        examples=source.has_examples(cfg),
+        text=source.has_documents(cfg),
+        run=run.done(),
     )
 
 
@@ -194,3 +200,27 @@ def prepare_stream(
         prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
     )
     return Streamed(prepared.train, prepared.val, prepared.test, found, run.done())
+
+
+@task(cache=False, **TASK, requests=SMALL)
+def summarize_data(
+    cfg: DataConfig,
+    train: Shards,
+    val: Shards,
+    test: Shards,
+    validated: ValidatedData,
+    runs: list[TaskRun],
+    started: TaskRun,
+) -> DataSummary:
+    """The summary of a data preparation, with where its splits are and which tasks ran."""
+    splits = {"train": train, "val": val, "test": test, "quarantine": validated.quarantined}
+    return DataSummary(
+        dataset=cfg.dataset,
+        info=validated.info,
+        validation=validated.report,
+        fingerprint=validated.content,
+        splits={name: s.rows for name, s in splits.items() if name != "quarantine"},
+        where={**{name: s.dir.path for name, s in splits.items()}, "report": validated.report_files.path},
+        tokens=validated.tokens,
+        cache=CacheReport.of(runs, started.started_at, ["fingerprint_data", "read_reference"]),
+    )

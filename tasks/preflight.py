@@ -43,6 +43,11 @@ def check_model(data_cfg: DataConfig, model_cfg: ModelConfig, cfg: TrainConfig) 
     the dataset declares, and refuse one the training cannot train at the launcher's world size
     (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out."""
     info = source.info(data_cfg)
+    if not info.label_column:
+        raise ValueError(
+            f"dataset {data_cfg.dataset!r} has no label ({', '.join(str(f) for f in info.fields)}): training_pipeline "
+            "trains classifiers. Prepare and inspect it with `pyflyte run workflows/data.py prepare_data --cfg ...`"
+        )
     model = build_model(model_cfg, info, meta=True)
     world_size = planned_world_size()
     try:

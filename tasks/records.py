@@ -15,6 +15,7 @@ from flytekit.types.file import FlyteFile
 from flyscale.data.reference import Profile
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
+from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
@@ -44,6 +45,10 @@ class ValidatedData:
     quarantined: Shards  # every rejected row, with where it came from and why
     profile: Profile
     report_files: FlyteDirectory  # the validation report (HTML and its plot), as a person reads it
+    # Text only: how the documents became the packed sequences `info` describes, and the tokenizer
+    # (its JSON), which a model of them carries.
+    tokens: TokenStats | None = None
+    tokenizer: FlyteFile | None = None
 
 
 @dataclass

@@ -25,6 +25,7 @@ TASKS = [
     "plan_shards",
     "prepare_shard",
     "combine_shards",
+    "tokenize_text",
     "preflight_check",
     "train_model",
     "evaluate_model",

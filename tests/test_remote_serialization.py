@@ -115,8 +115,9 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    # the model check, the three data branches (one a map task), both publish branches, the failure handler
-    assert len(_tasks(specs)) == 21
+    # the model check, the four data branches (one a map task), both publish branches, the failure handler,
+    # and the data-only workflow's summary
+    assert len(_tasks(specs)) == 23
     assert "tasks.register.close_failed_run" in specs
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1

@@ -1,27 +1,40 @@
-"""The three ways data becomes training splits; `training_pipeline` picks one with a Flyte
-`conditional`, so the graph shows which ran. Wiring only.
+"""The ways data becomes training splits, one picked by a Flyte `conditional` in `dataset` (so
+the graph shows which ran), and `prepare_data`, which prepares a dataset without training on it.
+Wiring only.
 
 - `in_memory_data`: load, validate, split (stratified) and augment, as DataFrames.
 - `streamed_data`: for data larger than memory, one task validates it chunk by chunk and splits
   it as it streams by.
-- `examples_data`: for typed examples (images, text), each shard of the dataset is validated
+- `examples_data`: for typed examples (images, ...), each shard of the dataset is validated
   field by field and split by a task of its own (a map task), and one small task combines them.
+- `text_data`: documents, prepared as examples are, then tokenized and packed into sequences.
 
-All three end in the same outputs: the three splits as Parquet shards, what validation found
+All end in the same outputs: the three splits as Parquet shards, what validation found
 (tasks/records.py ValidatedData), and the stamps of the cached tasks that ran.
 """
 
 from typing import NamedTuple
 
-from flytekit import workflow
+from flytekit import conditional, workflow
 
 from flyscale.config import PipelineConfig
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.provenance import TaskRun
-from tasks.data import augment_data, load_data, prepare_stream, read_reference, split_data, validate_data
+from flyscale.render.data_summary import DataSummary
+from tasks.data import (
+    augment_data,
+    fingerprint_data,
+    load_data,
+    prepare_stream,
+    read_reference,
+    split_data,
+    summarize_data,
+    validate_data,
+)
 from tasks.examples import combine_shards, plan_shards, prepare_shards
 from tasks.records import ValidatedData
+from tasks.text import tokenize_text
 
 
 class Prepared(NamedTuple):
@@ -67,3 +80,42 @@ def examples_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
         parts=parts, cfg=cfg.data, info=plan.info, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
     )
     return Prepared(train, val, test, validated, runs)
+
+
+@workflow
+def text_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
+    """the documents as examples (plan, map, combine) -> tokenize and pack each split."""
+    docs_train, docs_val, docs_test, docs, prepared = examples_data(cfg=cfg, fingerprint=fingerprint)
+    train, val, test, validated, _, runs = tokenize_text(
+        train=docs_train, val=docs_val, test=docs_test, validated=docs, cfg=cfg.tokenize, runs=prepared
+    )
+    return Prepared(train, val, test, validated, runs)
+
+
+@workflow
+def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, streaming: bool, examples: bool, text: bool) -> Prepared:
+    """The branch that fits the data: documents, typed examples, a streamed table, or a table in memory."""
+    return (
+        conditional("data")
+        .if_(text.is_true())
+        .then(text_data(cfg=cfg, fingerprint=fingerprint))
+        .elif_(examples.is_true())
+        .then(examples_data(cfg=cfg, fingerprint=fingerprint))
+        .elif_(streaming.is_true())
+        .then(streamed_data(cfg=cfg, fingerprint=fingerprint))
+        .else_()
+        .then(in_memory_data(cfg=cfg, fingerprint=fingerprint))
+    )
+
+
+@workflow
+def prepare_data(cfg: PipelineConfig = PipelineConfig()) -> DataSummary:  # noqa: B008 (a Flyte input's default)
+    """fingerprint -> the data branch that fits -> a summary: validate, quarantine, split (and for text
+    tokenize) without training, e.g. to look at a new dataset before a run."""
+    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data)
+    train, val, test, validated, runs = dataset(
+        cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
+    )
+    return summarize_data(
+        cfg=cfg.data, train=train, val=val, test=test, validated=validated, runs=runs, started=started
+    )

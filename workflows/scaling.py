@@ -35,7 +35,7 @@ from tasks.scaling import (
 def scaling_study(cfg: StudyConfig = StudyConfig()) -> StudySummary:  # noqa: B008 (a Flyte input's default)
     """check the base model -> fingerprint -> load -> validate -> split -> every point (subset, train and measure) -> report -> summary."""
     model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train)
-    fingerprint, streaming, examples, started = fingerprint_data(cfg=cfg.data, model=model)
+    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
     raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
     clean, validated, validate_ran = validate_data(

@@ -19,24 +19,18 @@ from tasks.evaluate import evaluate_model, gate_model, quantize_model
 from tasks.preflight import check_model, preflight_check
 from tasks.register import close_failed_run, record_candidate, register_model, summarize
 from tasks.train import train_model
-from workflows.data import examples_data, in_memory_data, streamed_data
+from workflows.data import dataset
 
 
 # A task that fails leaves the execution's MLflow run FAILED, not RUNNING for ever.
 @workflow(on_failure=close_failed_run)
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
-    """check the model -> fingerprint -> data (in memory, streamed, or typed examples) -> preflight -> train -> evaluate -> quantize
+    """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> quantize
     -> gate -> register (every gate passed) or record (one failed) -> summarize."""
     model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train)
-    fingerprint, streaming, examples, started = fingerprint_data(cfg=cfg.data, model=model)
-    train, val, test, validated, data_ran = (
-        conditional("data")
-        .if_(examples.is_true())
-        .then(examples_data(cfg=cfg, fingerprint=fingerprint))
-        .elif_(streaming.is_true())
-        .then(streamed_data(cfg=cfg, fingerprint=fingerprint))
-        .else_()
-        .then(in_memory_data(cfg=cfg, fingerprint=fingerprint))
+    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
+    train, val, test, validated, data_ran = dataset(
+        cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
     )
     preflight, preflight_ran = preflight_check(
         train=train, val=val, info=validated.info, model_cfg=cfg.model, cfg=cfg.train, preflight_cfg=cfg.preflight

@@ -18,6 +18,7 @@ from flyscale.config.sections import (
     ModelConfig,
     PreflightConfig,
     RecoveryConfig,
+    TokenizeConfig,
     TrainConfig,
 )
 from flyscale.config.strict import ConfigError
@@ -34,6 +35,7 @@ __all__ = [
     "PreflightConfig",
     "QuantizeConfig",
     "RecoveryConfig",
+    "TokenizeConfig",
     "TrainConfig",
     "effective",
     "flatten",

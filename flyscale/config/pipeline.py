@@ -22,6 +22,7 @@ from flyscale.config.sections import (
     ModelConfig,
     PreflightConfig,
     RecoveryConfig,
+    TokenizeConfig,
     TrainConfig,
 )
 
@@ -34,6 +35,7 @@ class PipelineConfig(Section):
 
     data: DataConfig = field(default_factory=DataConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)

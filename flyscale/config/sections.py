@@ -98,6 +98,30 @@ class AugmentConfig(Section):
 
 
 @section
+class TokenizeConfig(Section):
+    """How documents become token sequences (text datasets only): a tokenizer, then each split's
+    documents laid end to end, each closed by an end-of-text token, cut into sequences of
+    `seq_len` tokens. The split is by document, before packing, so no sequence spans two splits."""
+
+    _section = "tokenize"
+    tokenizer: str = "byte"  # "byte": UTF-8 bytes (257 ids); "bpe": byte-level BPE trained on the training split
+    vocab_size: int = 2048  # bpe: ids in the trained vocabulary, the byte alphabet and <|endoftext|> included
+    min_frequency: int = 2  # bpe: a pair merges only if it occurs at least this often
+    seq_len: int = 128  # tokens per packed sequence
+
+    def __post_init__(self):
+        if self.tokenizer not in ("byte", "bpe"):
+            raise ValueError(f"tokenize.tokenizer must be 'byte' or 'bpe', got {self.tokenizer!r}")
+        positive(self, "min_frequency")
+        if self.seq_len < 2:
+            raise ValueError(f"tokenize.seq_len must be >= 2 (an input and the token after it), got {self.seq_len}")
+        if self.tokenizer == "bpe" and self.vocab_size <= 257:
+            raise ValueError(
+                f"tokenize.vocab_size must be > 257 (the 256 bytes and <|endoftext|>) for 'bpe', got {self.vocab_size}"
+            )
+
+
+@section
 class ModelConfig(PluginSection):
     """Which model to build; `options` go to the model plugin's own options dataclass."""
 

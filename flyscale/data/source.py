@@ -69,6 +69,14 @@ def has_examples(cfg: DataConfig) -> bool:
     return getattr(cfg.plugin.plugin, "examples", None) is not None
 
 
+def has_documents(cfg: DataConfig) -> bool:
+    """Whether the dataset gives documents (its input is a string field), which are tokenized."""
+    if not has_examples(cfg):
+        return False
+    field = info(cfg).input()
+    return field is not None and field.dtype == "string"
+
+
 def shards(cfg: DataConfig) -> list[str]:
     """The pieces a dataset of typed examples comes in, in its order ([""]: one piece)."""
     r = cfg.plugin

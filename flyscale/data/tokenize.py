@@ -1,0 +1,136 @@
+"""Tokenization as a step of its own: the prepared documents of each split become packed token
+sequences, by a tokenizer made (byte-level) or trained (BPE, on the training split only) here.
+
+The split is by document and comes first (flyscale/data/example_combine.py), so no sequence
+spans two splits. Each split's documents are encoded a row group at a time, laid end to end,
+each closed by the end-of-text token, and cut into sequences of `seq_len` tokens (the tail that
+does not fill one is dropped and counted). The tokenizer's JSON is the artifact a model carries
+and the cache key of everything after it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flyscale.config import TokenizeConfig
+from flyscale.data import fields, shards, text
+from flyscale.data.shards import Shards, ShardWriter
+from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_FIELD = "tokens"
+
+
+@dataclass
+class TokenStats:
+    """How the documents were tokenized and packed, split by split."""
+
+    tokenizer: str  # "byte" or "bpe"
+    vocab_size: int
+    seq_len: int
+    documents: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)  # end-of-text tokens included
+    sequences: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # the tail of each split that filled no sequence
+    bytes_per_token: float = 0.0  # of the training split's UTF-8 text
+    unigram_entropy_bits: float = 0.0  # of the training split's tokens: what a model that ignores context achieves
+
+    def lines(self) -> list[str]:
+        """The summary's lines about tokenization."""
+        return [
+            f"  tokenizer   {self.tokenizer}, {self.vocab_size} ids, {self.bytes_per_token:.2f} bytes a token; "
+            f"unigram entropy {self.unigram_entropy_bits:.3f} bits a token (training split)",
+            "  tokens      "
+            + ", ".join(
+                f"{s} {self.documents[s]} documents -> {self.tokens[s]} tokens ({self.dropped[s]} left over)"
+                for s in self.tokens
+            )
+            + f"; sequences of {self.seq_len}",
+        ]
+
+
+def _documents(split: Shards, info: DatasetInfo) -> Iterator[list[str]]:
+    """A split's documents, a row group at a time."""
+    name = info.input_field
+    for unit in shards.units(split.dir.download()):
+        yield pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=[name]).column(name).to_pylist()
+
+
+def make_tokenizer(train: Shards, info: DatasetInfo, cfg: TokenizeConfig) -> text.Tokenizer:
+    """The byte-level tokenizer, or a BPE trained on the training split's documents."""
+    if cfg.tokenizer == "byte":
+        return text.ByteTokenizer()
+    docs = (d for batch in _documents(train, info) for d in batch)
+    return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
+
+
+def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer, seq_len: int) -> DatasetInfo:
+    """What the packed splits hold: one field of `seq_len` token ids within the vocabulary."""
+    tokens = FieldSpec(SEQUENCE_FIELD, "int32", [seq_len], range=[0, tokenizer.vocab_size - 1])
+    return DatasetInfo(
+        name=info.name,
+        num_classes=0,
+        input_shape=[seq_len],
+        feature_columns=[],
+        label_column="",
+        fields=[tokens],
+        input_field=SEQUENCE_FIELD,
+    )
+
+
+def pack_split(
+    split: Shards, name: str, info: DatasetInfo, tokenizer: text.Tokenizer, seq_len: int, stats: TokenStats
+) -> tuple[Shards, np.ndarray]:
+    """One split's documents as packed sequences; also the count of each token id (for entropy)."""
+    out_info = sequences_info(info, tokenizer, seq_len)
+    rows = fields.row_group_rows(out_info)
+    writer = ShardWriter(name, rows_per_file=8 * rows, row_group_rows=rows, streamed=split.streamed)
+    packer = text.Packer(seq_len, tokenizer.eot)
+    counts = np.zeros(tokenizer.vocab_size, dtype="int64")
+    documents = tokens = utf8 = 0
+    for batch in _documents(split, info):
+        encoded = tokenizer.encode_batch(batch)
+        documents += len(batch)
+        utf8 += sum(len(d.encode("utf-8")) for d in batch)
+        for ids in encoded:
+            counts += np.bincount(ids, minlength=tokenizer.vocab_size)
+        tokens += sum(len(ids) + 1 for ids in encoded)
+        _write(writer, packer.add(encoded), out_info)
+    _write(writer, packer.close(), out_info)
+    counts[tokenizer.eot] += documents
+    stats.documents[name], stats.tokens[name], stats.dropped[name] = documents, tokens, packer.dropped
+    stats.sequences[name] = writer.rows
+    if name == "train":
+        stats.bytes_per_token = utf8 / max(1, tokens - documents)
+    return writer.close(pa.schema([(SEQUENCE_FIELD, fields.arrow_type(out_info.fields[0]))])), counts
+
+
+def _write(writer: ShardWriter, windows: np.ndarray, info: DatasetInfo) -> None:
+    if len(windows):
+        writer.write(pa.table({SEQUENCE_FIELD: fields.to_arrow(windows, info.fields[0])}))
+
+
+def tokenize(
+    splits: dict[str, Shards], info: DatasetInfo, cfg: TokenizeConfig
+) -> tuple[dict[str, Shards], DatasetInfo, str, TokenStats]:
+    """Each split's documents as packed token sequences: (the splits, their info, the tokenizer's
+    JSON, the stats)."""
+    documents = info.input()
+    if documents is None or documents.dtype != "string":
+        raise ValueError(f"dataset {info.name!r} holds no documents (a string field) to tokenize")
+    tokenizer = make_tokenizer(splits["train"], info, cfg)
+    stats = TokenStats(tokenizer.name, tokenizer.vocab_size, cfg.seq_len)
+    out = {}
+    for name, split in splits.items():
+        out[name], counts = pack_split(split, name, info, tokenizer, cfg.seq_len, stats)
+        if name == "train":
+            stats.unigram_entropy_bits = text.unigram_entropy_bits(counts)
+    log.info("tokenized (%s, %d ids): %s", tokenizer.name, tokenizer.vocab_size, stats.sequences)
+    return out, sequences_info(info, tokenizer, cfg.seq_len), tokenizer.to_json(), stats
