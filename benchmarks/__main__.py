@@ -11,6 +11,7 @@ from benchmarks import (
     bench_pipeline,
     bench_quantize,
     bench_streaming,
+    bench_text,
     bench_trainer,
     bench_validation,
 )
@@ -29,6 +30,7 @@ if __name__ == "__main__":
         bench_overhead,
         bench_quantize,
         bench_checkpoint,
+        bench_text,
     ):
         bench.main()
         print()

@@ -116,8 +116,9 @@ class Packer:
         """The complete sequences these documents fill (k, seq_len); the rest waits for the next."""
         if not documents:
             return np.zeros((0, self.seq_len), dtype="int32")
-        closed = [np.append(d.astype("int32", copy=False), np.int32(self.eot)) for d in documents]
-        stream = np.concatenate([self._tail, *closed])
+        flat = np.concatenate(documents).astype("int32", copy=False)
+        ends = np.cumsum([len(d) for d in documents])
+        stream = np.concatenate([self._tail, np.insert(flat, ends, np.int32(self.eot))])
         full = len(stream) // self.seq_len * self.seq_len
         self._tail = stream[full:]
         return stream[:full].reshape(-1, self.seq_len)

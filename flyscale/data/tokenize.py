@@ -97,11 +97,10 @@ def pack_split(
     documents = tokens = utf8 = 0
     for batch in _documents(split, info):
         encoded = tokenizer.encode_batch(batch)
-        documents += len(batch)
-        utf8 += sum(len(d.encode("utf-8")) for d in batch)
-        for ids in encoded:
-            counts += np.bincount(ids, minlength=tokenizer.vocab_size)
-        tokens += sum(len(ids) + 1 for ids in encoded)
+        flat = np.concatenate(encoded) if encoded else np.zeros(0, dtype="int32")
+        documents, tokens = documents + len(batch), tokens + len(flat) + len(batch)
+        utf8 += len("".join(batch).encode("utf-8"))
+        counts += np.bincount(flat, minlength=tokenizer.vocab_size)
         _write(writer, packer.add(encoded), out_info)
     _write(writer, packer.close(), out_info)
     counts[tokenizer.eot] += documents
