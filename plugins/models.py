@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from flyscale.api import DatasetInfo
@@ -136,5 +137,107 @@ class CNN:
         return nn.Sequential(*layers)
 
 
+NORMS = ("batch", "group")
+
+
+@dataclass
+class ResNetOptions:
+    widths: list[int] = field(default_factory=lambda: [16, 32, 64])  # channels of each stage
+    blocks: list[int] = field(default_factory=lambda: [1, 1, 1])  # BasicBlocks in each stage
+    # "batch", or "group" for the pipeline strategy, which refuses BatchNorm's running statistics.
+    norm: str = "batch"
+    dropout: float = 0.0  # before the final Linear
+    # Every width times width_multiplier, and each stage's blocks times depth_multiplier (rounded
+    # half up); 1 builds the sizes as given.
+    width_multiplier: float = 1.0
+    depth_multiplier: float = 1.0
+
+    def __post_init__(self):
+        if not self.widths or any(w <= 0 for w in self.widths):
+            raise ValueError(f"widths must be a non-empty list of positive sizes, got {self.widths}")
+        if len(self.blocks) != len(self.widths) or any(b <= 0 for b in self.blocks):
+            raise ValueError(
+                f"blocks must give a positive count for each of the {len(self.widths)} stages of widths "
+                f"{self.widths}, got {self.blocks}"
+            )
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_multipliers(self)
+        self.stages()  # a multiplier that leaves a layer empty fails here, before any work
+
+    def stages(self) -> list[tuple[int, int]]:
+        """(width, blocks) of each stage, as the multipliers give them."""
+        widths = _scaled_widths(self.widths, self.width_multiplier, "widths")
+        blocks = [math.floor(b * self.depth_multiplier + 0.5) for b in self.blocks]
+        if min(blocks) < 1:  # a stage's first block is where it widens and halves the size
+            raise ValueError(
+                f"depth_multiplier {self.depth_multiplier:g} leaves a stage of blocks {self.blocks} with no "
+                f"blocks ({blocks}); use a multiplier of at least {0.5 / min(self.blocks):.3g}"
+            )
+        return list(zip(widths, blocks))
+
+
+def _norm(kind: str, channels: int) -> nn.Module:
+    if kind == "batch":
+        return nn.BatchNorm2d(channels)
+    # Groups of several channels (up to 8 groups): per-example statistics, nothing kept between batches.
+    return nn.GroupNorm(max(g for g in range(1, 9) if channels % g == 0), channels)
+
+
+def _conv3x3(c_in: int, c_out: int, stride: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, kernel_size=3, stride=stride, padding=1, bias=False)  # the norm adds the bias
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions plus a shortcut, then ReLU (He et al., 2016): one layer of the Sequential."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, norm: str):
+        super().__init__()
+        self.body = nn.Sequential(
+            _conv3x3(c_in, c_out, stride), _norm(norm, c_out), nn.ReLU(), _conv3x3(c_out, c_out), _norm(norm, c_out)
+        )
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:  # a 1x1 convolution brings the input to the body's shape
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), _norm(norm, c_out))
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet:
+    """A small ResNet: a 3x3 stem, stages of BasicBlocks (each after the first halves the size),
+    global average pooling and a linear classifier."""
+
+    options_type = ResNetOptions
+
+    def build(self, options: ResNetOptions, info: DatasetInfo) -> nn.Sequential:
+        if len(info.input_shape) != 3:
+            raise ValueError(
+                f"model 'resnet' needs image inputs (C, H, W); dataset {info.name!r} has {info.input_shape}"
+            )
+        c, h, w = info.input_shape
+        stages = options.stages()
+        # No initialisation beyond torch's layers' own reset_parameters(): that is all a strategy
+        # re-runs when it materialises a layer from the meta device (flyscale.train.meta).
+        layers: list[nn.Module] = [] if info.input() is not None else [nn.Unflatten(1, (c, h, w))]
+        width = stages[0][0]
+        layers += [_conv3x3(c, width), _norm(options.norm, width), nn.ReLU()]
+        for i, (out, blocks) in enumerate(stages):
+            for b in range(blocks):
+                layers.append(BasicBlock(width, out, 2 if i > 0 and b == 0 else 1, options.norm))
+                width = out
+        layers += [
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Dropout(options.dropout),
+            nn.Linear(width, info.num_classes),
+        ]
+        return nn.Sequential(*layers)
+
+
 mlp = MLP()
 cnn = CNN()
+resnet = ResNet()
