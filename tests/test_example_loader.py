@@ -30,8 +30,12 @@ class _Draw:
         return np.full_like(x, rng.random())
 
 
-registry.augmentations.register("t_draw", _Draw())
-DRAW = AugmentConfig(names=["t_draw"], seed=7)
+@pytest.fixture
+def draws():
+    """The augmentation above, registered for one test (the registry is the process's)."""
+    registry.augmentations.register("t_draw", _Draw())
+    yield AugmentConfig(names=["t_draw"], seed=7)
+    registry.augmentations.unregister("t_draw")
 
 
 def _splits(streaming: bool, keep_encoded: bool = False):
@@ -60,7 +64,7 @@ def in_memory():
 
 
 @pytest.mark.timeout(120)
-def test_in_memory_batches_are_augmented_as_drawn_the_same_whatever_the_workers(in_memory):
+def test_in_memory_batches_are_augmented_as_drawn_the_same_whatever_the_workers(in_memory, draws):
     prepared, _ = in_memory
     plain = train_data_from(prepared.train, prepared.val, INFO)
     augmented = train_data_from(prepared.train, prepared.val, INFO, on_the_fly(NOISE, INFO))
@@ -71,7 +75,7 @@ def test_in_memory_batches_are_augmented_as_drawn_the_same_whatever_the_workers(
     assert all(0.0 <= a.min() and a.max() <= 1.0 for a in after[0])  # ...and clipped back into the pixels' range
     # Each batch its own seed, new every epoch; the same with DataLoader workers gathering the rows:
     # seeds follow (epoch, batch), not the process.
-    seeds = train_data_from(prepared.train, prepared.val, INFO, on_the_fly(DRAW, INFO))
+    seeds = train_data_from(prepared.train, prepared.val, INFO, on_the_fly(draws, INFO))
     draws = [[float(x.flat[0]) for x in epoch] for epoch in _epochs(seeds, cfg)]
     assert len(set(draws[0]) | set(draws[1])) == 2 * len(draws[0])
     assert draws == [[float(x.flat[0]) for x in e] for e in _epochs(seeds, TrainConfig(batch_size=64, num_workers=2))]

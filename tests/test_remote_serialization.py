@@ -201,6 +201,7 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
         "tasks.data.read_reference",
         "tasks.evaluate.gate_model",
         "tasks.register.summarize",
+        "tasks.data.summarize_data",  # prepare_data's summary: this execution's
         "tasks.register.close_failed_run",
     }  # the failure handler: it only ever closes this execution's run
     assert cached == set(one) - always
