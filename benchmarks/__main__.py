@@ -7,6 +7,7 @@ from benchmarks import (
     bench_data_parallel,
     bench_dataloader,
     bench_ddp,
+    bench_images,
     bench_overhead,
     bench_pipeline,
     bench_quantize,
@@ -30,6 +31,7 @@ if __name__ == "__main__":
         bench_overhead,
         bench_quantize,
         bench_checkpoint,
+        bench_images,
         bench_text,
     ):
         bench.main()

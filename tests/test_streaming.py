@@ -243,3 +243,11 @@ def test_validation_batches_hold_every_streamed_row_in_order(tmp_path):
     rows = torch.cat([xb[:, 0] for xb, _ in batches]).long()
     assert rows.tolist() == list(range(1000))
     assert torch.cat([yb for _, yb in batches]).tolist() == [i % 3 for i in range(1000)]
+
+
+def test_too_few_rows_to_stream_a_batch_to_every_worker_is_an_error_that_says_so(tmp_path):
+    units = _split(tmp_path, rows=100)
+    with pytest.raises(
+        ValueError, match=r"100 rows, streamed, give each of 2 rank\(s\) x 2 loader worker\(s\) 25 rows"
+    ):
+        StreamingShards(units, FEATURES, 32, rank=0, world=2, workers=2, seed=0)

@@ -83,6 +83,13 @@ class StreamingShards(IterableDataset):
         self.batch_size, self.rank, self.world = batch_size, rank, world
         self.workers, self.seed, self.buffer_rows = max(1, workers), seed, buffer_rows
         self._epoch, self._iterations = 0, 0
+        rows, parts = sum(u.rows for u in self.units), self.world * self.workers
+        if rows // parts < batch_size:  # an epoch of no steps: say so, rather than train on nothing
+            raise ValueError(
+                f"the training split's {rows} rows, streamed, give each of {self.world} rank(s) x {self.workers} "
+                f"loader worker(s) {rows // parts} rows, less than train.batch_size ({batch_size}): lower "
+                f"train.batch_size or train.num_workers, or set data.streaming: false for data this small"
+            )
 
     def set_epoch(self, epoch: int) -> None:
         """The shuffle of `epoch`. Persistent DataLoader workers keep their own copy of this object

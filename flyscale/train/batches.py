@@ -214,12 +214,14 @@ def train_data_from(train: Shards, val: Shards, info: DatasetInfo, augment: Augm
     reader = fields.reader(info)
     train_dir, val_dir = train.dir.download(), val.dir.download()
     if not train.streamed:
+        log.info("training reads its %d rows into memory", train.rows)
         return TrainData(
             *_tensors(shards.read_table(train_dir, reader.columns), reader),
             *_tensors(shards.read_table(val_dir, reader.columns), reader),
             augment=augment,
         )
     stream = Stream(shards.units(train_dir), shards.units(val_dir), reader, buffer_rows(reader), augment)
+    log.info("training streams its %d rows from %d row groups", train.rows, len(stream.train))
     heads = [_tensors(shards.head_table(d, HEAD_ROWS, reader.columns), reader) for d in (train_dir, val_dir)]
     return TrainData(*heads[0], *heads[1], stream=stream)
 
