@@ -11,15 +11,21 @@ end-of-text token, and cuts them into sequences of a fixed length.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 EOT = "<|endoftext|>"
+BLOCK_WINDOWS = 4096  # sequences `pack` yields at a time: memory holds a block, not the corpus
 
 
 class Tokenizer(Protocol):
+    """What tokenizing and packing need of a tokenizer, whichever kind."""
+
     name: str  # "byte" or "bpe"
     vocab_size: int
     eot: int  # the id that ends each document
@@ -37,13 +43,24 @@ class ByteTokenizer:
     name, vocab_size, eot = "byte", 257, 256
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's UTF-8 bytes, as int32 ids."""
         return [np.frombuffer(t.encode("utf-8"), dtype="uint8").astype("int32") for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        """The text of `ids`, end-of-text shown as <|endoftext|> (as BPE shows it); bytes that a
+        cut left incomplete come out as U+FFFD."""
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), dtype="int64")
+        if ((arr < 0) | (arr > self.eot)).any():
+            bad = arr[(arr < 0) | (arr > self.eot)][0]
+            raise ValueError(f"byte-level ids lie in [0, {self.eot}], got {bad}")
+        pieces = np.split(arr, np.flatnonzero(arr == self.eot))
+        # Every piece after the first starts with the end-of-text id that cut it.
+        texts = [bytes(p[p != self.eot].astype("uint8")).decode("utf-8", errors="replace") for p in pieces]
+        return EOT.join(texts)
 
     def to_json(self) -> str:
-        return json.dumps({"flyscale_tokenizer": "byte", "vocab_size": 257, "eot": 256})
+        """A small JSON that names this tokenizer: there is nothing else to save."""
+        return json.dumps({"flyscale_tokenizer": "byte", "vocab_size": self.vocab_size, "eot": self.eot})
 
 
 class BpeTokenizer:
@@ -53,6 +70,9 @@ class BpeTokenizer:
 
     def __init__(self, tokenizer):
         self._tok = tokenizer
+        # A document that quotes "<|endoftext|>" gets its characters, never the id: only packing
+        # ends documents (as the byte-level tokenizer does; the setting is not part of the JSON).
+        tokenizer.encode_special_tokens = True
         self.vocab_size = tokenizer.get_vocab_size()
         eot = tokenizer.token_to_id(EOT)
         if eot is None:
@@ -60,13 +80,17 @@ class BpeTokenizer:
         self.eot = eot
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        # The Rust encoder, in parallel: a Python loop per document would dominate the step.
-        return [np.asarray(e.ids, dtype="int32") for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        """Each text's ids, from the Rust encoder in parallel (a Python loop per text would dominate)."""
+        # The fast variant skips the character offsets, which nothing here reads.
+        encodings = self._tok.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype="int32") for e in encodings]
 
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`, end-of-text shown as <|endoftext|>."""
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def to_json(self) -> str:
+        """Hugging Face's own JSON of the whole tokenizer (vocabulary, merges, pre-tokenizer)."""
         return self._tok.to_str()
 
 
@@ -75,12 +99,16 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     `texts`. Deterministic: the same texts give the same JSON."""
     if vocab_size <= 257:
         raise ValueError(f"vocab_size must be > 257 (the byte alphabet and {EOT}), got {vocab_size}")
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be >= 1, got {min_frequency}")
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    # The whole byte alphabet up front: every string encodes, and ids do not hang on which bytes
+    # the corpus happens to hold. (Nothing here is random: ties between merges break by pair id.)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
@@ -89,21 +117,30 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    return BpeTokenizer(tok)
+    out = BpeTokenizer(tok)
+    if out.vocab_size < vocab_size:
+        log.warning("BPE: the texts hold only %d ids' worth of merges, not %d", out.vocab_size, vocab_size)
+    return out
 
 
 def from_json(text: str) -> Tokenizer:
     """The tokenizer `to_json` saved."""
-    data = json.loads(text)
-    if data.get("flyscale_tokenizer") == "byte":
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"not a saved tokenizer (not JSON: {exc})") from exc
+    if isinstance(data, dict) and data.get("flyscale_tokenizer") == "byte":
         return ByteTokenizer()
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict) or data["model"].get("type") != "BPE":
+        raise ValueError("not a saved tokenizer: neither flyscale's byte-level one nor a Hugging Face BPE")
     from tokenizers import Tokenizer as HFTokenizer
 
     return BpeTokenizer(HFTokenizer.from_str(text))
 
 
 class Packer:
-    """Documents' tokens laid end to end, each followed by `eot`, cut into rows of `seq_len`."""
+    """Documents' tokens laid end to end, each followed by `eot`, cut into rows of `seq_len`.
+    After `close`, `dropped` counts the tokens of the tail that filled no row."""
 
     def __init__(self, seq_len: int, eot: int):
         if seq_len < 2:
@@ -112,9 +149,9 @@ class Packer:
         self._tail = np.zeros(0, dtype="int32")
         self.dropped = 0
 
-    def add(self, documents: list[np.ndarray]) -> np.ndarray:
+    def add(self, documents: Sequence[np.ndarray]) -> np.ndarray:
         """The complete sequences these documents fill (k, seq_len); the rest waits for the next."""
-        if not documents:
+        if not len(documents):
             return np.zeros((0, self.seq_len), dtype="int32")
         flat = np.concatenate(documents).astype("int32", copy=False)
         ends = np.cumsum([len(d) for d in documents])
@@ -127,6 +164,30 @@ class Packer:
         """No more documents: the tail that fills no sequence is dropped (and counted)."""
         self.dropped, self._tail = len(self._tail), np.zeros(0, dtype="int32")
         return np.zeros((0, self.seq_len), dtype="int32")
+
+    def pack(self, token_arrays: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """Every sequence of these documents, in blocks of at most BLOCK_WINDOWS, then `close`."""
+        pending: list[np.ndarray] = []
+        size, enough = 0, BLOCK_WINDOWS * self.seq_len
+        for tokens in token_arrays:
+            pending.append(tokens)
+            size += len(tokens) + 1
+            if size >= enough:
+                yield from _blocks(self.add(pending))
+                pending, size = [], 0
+        yield from _blocks(self.add(pending))
+        self.close()
+
+
+def _blocks(windows: np.ndarray) -> Iterator[np.ndarray]:
+    for start in range(0, len(windows), BLOCK_WINDOWS):
+        yield windows[start : start + BLOCK_WINDOWS]
+
+
+def pack(token_arrays: Iterable[np.ndarray], seq_len: int, eot: int) -> Iterator[np.ndarray]:
+    """The documents as sequences (k, seq_len), in blocks (`Packer.pack`; a Packer also counts
+    the tail it drops)."""
+    return Packer(seq_len, eot).pack(token_arrays)
 
 
 def unigram_entropy_bits(counts: np.ndarray) -> float:
