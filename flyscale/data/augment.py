@@ -36,21 +36,26 @@ def augment(train: pd.DataFrame, info: DatasetInfo, cfg: AugmentConfig) -> pd.Da
     lo, hi = _bounds(info)
     copies = []
     for _ in range(cfg.copies):
-        out = x.copy()
-        for r in cfg.plugins:
-            result = r.plugin(out, rng, r.options)
-            if not isinstance(result, np.ndarray) or result.shape != out.shape:
-                got = getattr(result, "shape", type(result).__name__)
-                raise TypeError(
-                    f"augmentation {r.name!r} returned {got} for a batch of shape {out.shape}; "
-                    "it must return an array of the same shape"
-                )
-            out = result.astype("float32", copy=False)
+        out = apply(cfg.plugins, x.copy(), rng)
         flat = np.clip(out.reshape(len(out), -1), lo, hi)
         frame = pd.DataFrame(flat, columns=info.feature_columns)
         frame[info.label_column] = train[info.label_column].to_numpy()
         copies.append(frame)
     return pd.concat([train, *copies], ignore_index=True)
+
+
+def apply(plugins: Sequence[Resolved], x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`x` through each augmentation in turn, each held to returning a batch of the same shape."""
+    for r in plugins:
+        result = r.plugin(x, rng, r.options)
+        if not isinstance(result, np.ndarray) or result.shape != x.shape:
+            got = getattr(result, "shape", type(result).__name__)
+            raise TypeError(
+                f"augmentation {r.name!r} returned {got} for a batch of shape {x.shape}; "
+                "it must return an array of the same shape"
+            )
+        x = result.astype("float32", copy=False)
+    return x
 
 
 def _bounds(info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
@@ -74,16 +79,7 @@ class Augment:
     high: float
 
     def __call__(self, x: np.ndarray, key: Sequence[int]) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, *key])
-        for r in self.plugins:
-            result = r.plugin(x, rng, r.options)
-            if not isinstance(result, np.ndarray) or result.shape != x.shape:
-                got = getattr(result, "shape", type(result).__name__)
-                raise TypeError(
-                    f"augmentation {r.name!r} returned {got} for a batch of shape {x.shape}; "
-                    "it must return an array of the same shape"
-                )
-            x = result.astype("float32", copy=False)
+        x = apply(self.plugins, x, np.random.default_rng([self.seed, *key]))
         return np.clip(x, self.low, self.high, out=x if x.flags.writeable else None)
 
 

@@ -103,16 +103,12 @@ def write(frame: pd.DataFrame, name: str) -> Shards:
 
 def head(path: str, rows: int, columns: list[str] | None = None) -> pd.DataFrame:
     """The first `rows` rows of a split (a row group at a time: the rest is never read)."""
-    parts, have = [], 0
-    for unit in units(path):
-        if have >= rows:
-            break
-        parts.append(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=columns))
-        have += unit.rows
-    return pyarrow.concat_tables(parts).to_pandas().head(rows) if parts else pd.DataFrame(columns=columns)
+    if not units(path):
+        return pd.DataFrame(columns=columns)
+    return head_table(path, rows, columns).to_pandas()
 
 
-def head_table(path: str, rows: int, columns: list[str]) -> pyarrow.Table:
+def head_table(path: str, rows: int, columns: list[str] | None = None) -> pyarrow.Table:
     """The first `rows` rows of a split as Arrow (a row group at a time: the rest is never read)."""
     parts, have = [], 0
     for unit in units(path):
@@ -125,7 +121,7 @@ def head_table(path: str, rows: int, columns: list[str]) -> pyarrow.Table:
     )
 
 
-def read_table(path: str, columns: list[str]) -> pyarrow.Table:
+def read_table(path: str, columns: list[str] | None = None) -> pyarrow.Table:
     """A whole split as one Arrow table (typed fields stay fixed-size lists: no pandas on the way).
     Files may differ in the columns not asked for (a quarantine's duplicates hold decoded values)."""
     return pyarrow.concat_tables([pq.read_table(f, columns=columns) for f in files(path)], promote_options="default")
