@@ -415,6 +415,12 @@ def test_the_check_before_data_work_refuses_what_training_would_refuse():
         (good, TrainConfig(strategy="pipeline", batch_size=30, options={"microbatches": 4}), 2, "divisible"),
         (good, TrainConfig(strategy="pipeline", precision="bf16"), 2, r"train.precision='bf16' is not supported"),
         (nn.Linear(64, 10), TrainConfig(activation_checkpointing=True), 2, "this one is a Linear"),
+        (
+            nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4)),
+            TrainConfig(activation_checkpointing=True),
+            2,
+            r"update the running statistics of BatchNorm layer '1' twice a step",
+        ),
     ]
     for model, cfg, world, message in refusals:
         with pytest.raises(ValueError, match=message):

@@ -12,6 +12,7 @@ from contextlib import AbstractContextManager
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint_sequential
 
 from flyscale.config import TrainConfig
@@ -82,6 +83,13 @@ def checkpointable(model: nn.Module) -> nn.Sequential:
         raise ValueError(
             f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
             f"{type(model).__name__}: set it to false, or build the model as a Sequential"
+        )
+    tracked = [n for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
+    if tracked:  # the recompute in backward runs each BatchNorm again: its running statistics move twice a step
+        raise ValueError(
+            f"train.activation_checkpointing recomputes the forward in backward, which would update the running "
+            f"statistics of BatchNorm layer {tracked[0]!r} twice a step: set it to false, or use a norm without "
+            f"them (resnet's norm: group)"
         )
     return model
 
