@@ -138,7 +138,7 @@ CASES = [
         [
             "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
             "acme-cuda-kernels",
-            "Other models: acme_bn_mlp, acme_linear, acme_no_build, acme_residual, acme_tiny_mlp, cnn, mlp",
+            "Other models: acme_bn_mlp, acme_linear, acme_no_build, acme_residual, acme_tiny_mlp, cnn, gpt, mlp",
         ],
     ),
     (
@@ -147,7 +147,7 @@ CASES = [
         "{}",
         [
             "model.name: unknown model 'resnet9000'; available: acme_bn_mlp, acme_broken, acme_linear, "
-            "acme_no_build, acme_residual, acme_tiny_mlp, cnn, mlp",
+            "acme_no_build, acme_residual, acme_tiny_mlp, cnn, gpt, mlp",
         ],
     ),
     (

@@ -80,13 +80,6 @@ def higher_is_better(metric_name: str) -> bool:
     )
 
 
-def batch_score(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """(summed cross-entropy, number correct) of one batch: what validation adds up over batches and ranks."""
-    return float(nn.functional.cross_entropy(logits, labels, reduction="sum")), float(
-        (logits.argmax(1) == labels).sum()
-    )
-
-
 def state_dict_bytes(model: nn.Module) -> int:
     """Size of the model as it is stored (packed int8 weights count as int8)."""
     buf = io.BytesIO()

@@ -216,6 +216,23 @@ class GatePlugin(Protocol):
     ) -> GateVerdict: ...
 
 
+class ObjectivePlugin(Protocol):
+    """What training optimises and what its validation measures, for one kind of task.
+
+    `loss(outputs, targets)`: the mean loss of a batch, what the optimizer follows.
+    `score(outputs, targets)`: (summed loss, hits, count) of a batch, as 0-d tensors but count an
+    int: validation sums them over batches and ranks, so its loss is the mean per counted target
+    (an example, or a token) and its accuracy hits / count (the top-1 class, or next token).
+    Optional `pair(x, y)`: what the model is given and what it is scored against, from a batch
+    of the dataset (default: the inputs and the labels; a language model predicts each token
+    from those before it: (x[:, :-1], x[:, 1:])).
+    """
+
+    def loss(self, outputs: Any, targets: Any) -> Any: ...
+
+    def score(self, outputs: Any, targets: Any) -> tuple[Any, Any, int]: ...
+
+
 # What to change, for a method whose arguments changed since plugins were first written against it.
 SIGNATURE_HINTS: dict[tuple[str, str], str] = {
     ("strategies", "__call__"): "take `hooks` after `options` and pass it to fit(..., hooks=hooks): it carries the "
@@ -232,6 +249,7 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "shards": ["options"],
     },
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
+    "objectives": {"pair": ["x", "y"]},
 }
 
 # A method the Protocol declares that a plugin may leave out when it has the other:
@@ -248,6 +266,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
     "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
+    "objectives": {"options_type": None},
 }
 
 # An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.
@@ -268,6 +287,7 @@ PROTOCOLS: dict[str, type] = {
     "strategies": StrategyPlugin,
     "quantizers": QuantizerPlugin,
     "gates": GatePlugin,
+    "objectives": ObjectivePlugin,
 }
 
 

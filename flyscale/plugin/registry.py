@@ -244,5 +244,8 @@ augmentations = Registry("augmentations")
 strategies = Registry("strategies")
 quantizers = Registry("quantizers")
 gates = Registry("gates")
+objectives = Registry("objectives")
 
-ALL: dict[str, Registry] = {r.kind: r for r in (datasets, models, augmentations, strategies, quantizers, gates)}
+ALL: dict[str, Registry] = {
+    r.kind: r for r in (datasets, models, augmentations, strategies, quantizers, gates, objectives)
+}

@@ -8,6 +8,7 @@ import math
 import multiprocessing
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import torch
@@ -23,6 +24,7 @@ from flyscale.data.tensors import to_tensors
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.train.distributed import DistContext, sampler_order, set_epoch
 from flyscale.train.evaluator import EvalFn, evaluate_split, evaluate_units
+from flyscale.train.objective import default as default_objective
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,12 @@ class TrainData:
     y_val: torch.Tensor
     stream: Stream | None = None
     augment: Augment | None = None  # typed examples in memory: each training batch as it is drawn
+    # What the strategies' steps optimise and validation scores (an ObjectivePlugin); classification when None.
+    objective: Any = None
+
+    def __post_init__(self):
+        if self.objective is None:
+            self.objective = default_objective()
 
     def train_loader(
         self, cfg: TrainConfig, ctx: DistContext, *, shard: bool = True, drop_last: bool = False
@@ -89,9 +97,9 @@ class TrainData:
     def evaluator(self, model: nn.Module, ctx: DistContext) -> EvalFn:
         """Loss and accuracy over this rank's disjoint share of the validation split."""
         if self.stream is None:
-            return evaluate_split(model, self.x_val, self.y_val, ctx)
-        s = self.stream
-        return lambda: evaluate_units(model, s.val, s.reader, ctx.rank, ctx.world_size, ctx.device)
+            return evaluate_split(model, self.x_val, self.y_val, ctx, objective=self.objective)
+        s, objective = self.stream, self.objective
+        return lambda: evaluate_units(model, s.val, s.reader, ctx.rank, ctx.world_size, ctx.device, objective)
 
     def val_batches(self, batch_size: int = 1024) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Every validation row, in order, in batches (CPU tensors): the same on every rank."""
@@ -208,9 +216,12 @@ def train_data(train: pd.DataFrame, val: pd.DataFrame, info: DatasetInfo) -> Tra
 HEAD_ROWS = 4096  # of a streamed split, held in memory for checks such as the preflight
 
 
-def train_data_from(train: Shards, val: Shards, info: DatasetInfo, augment: Augment | None = None) -> TrainData:
+def train_data_from(
+    train: Shards, val: Shards, info: DatasetInfo, augment: Augment | None = None, objective: Any = None
+) -> TrainData:
     """The splits strategies train on: read whole when they fit, streamed when they do not;
-    `augment` transforms each training batch of typed examples as it is drawn."""
+    `augment` transforms each training batch of typed examples as it is drawn; `objective` is
+    what the steps optimise and validation scores (classification when None)."""
     reader = fields.reader(info)
     train_dir, val_dir = train.dir.download(), val.dir.download()
     if not train.streamed:
@@ -219,11 +230,12 @@ def train_data_from(train: Shards, val: Shards, info: DatasetInfo, augment: Augm
             *_tensors(shards.read_table(train_dir, reader.columns), reader),
             *_tensors(shards.read_table(val_dir, reader.columns), reader),
             augment=augment,
+            objective=objective,
         )
     stream = Stream(shards.units(train_dir), shards.units(val_dir), reader, buffer_rows(reader), augment)
     log.info("training streams its %d rows from %d row groups", train.rows, len(stream.train))
     heads = [_tensors(shards.head_table(d, HEAD_ROWS, reader.columns), reader) for d in (train_dir, val_dir)]
-    return TrainData(*heads[0], *heads[1], stream=stream)
+    return TrainData(*heads[0], *heads[1], stream=stream, objective=objective)
 
 
 def _tensors(table, reader: fields.Reader) -> tuple[torch.Tensor, torch.Tensor]:

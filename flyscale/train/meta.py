@@ -56,9 +56,31 @@ def materialise(
 
 
 def check_materialisable(model: nn.Module) -> None:
-    """ValueError naming the first layer `materialise` could not initialise (see _check_resettable)."""
+    """ValueError naming the first layer `materialise` could not initialise (see _check_resettable),
+    or two layers that share a parameter (tied weights), which materialising would untie."""
+    shared = shared_parameters(model)
+    if shared:
+        (i, a), (j, b) = shared[0]
+        raise ValueError(
+            f"layers {i} ({a}) and {j} ({b}) share one parameter (tied weights, such as a language model's "
+            f"input and output embeddings): materialising them one layer at a time would untie them. Untie them "
+            f"(for flyscale's gpt: model.options.tie_embeddings: false), or use a strategy that builds the model "
+            f"in memory (e.g. 'ddp')"
+        )
     for i, layer in enumerate(layers_of(model)):
         _check_resettable(layer, i)
+
+
+def shared_parameters(model: nn.Module) -> list[tuple[tuple[int, str], tuple[int, str]]]:
+    """Parameters held by two different layers: ((layer, name), (layer, name)) for each."""
+    first: dict[int, tuple[int, str]] = {}
+    out = []
+    for i, layer in enumerate(layers_of(model)):
+        for name, p in layer.named_parameters(remove_duplicate=False):
+            seen = first.setdefault(id(p), (i, name))
+            if seen[0] != i:
+                out.append((seen, (i, name)))
+    return out
 
 
 def _check_resettable(layer: nn.Module, index: int) -> None:

@@ -121,8 +121,8 @@ def single_process(model: nn.Module, data: TrainData, cfg: TrainConfig, device: 
     loader = make_loader(dataset, ctx.train_sampler(dataset, seed=cfg.seed), cfg, ctx)
     optimizer = make_optimizer(model, cfg, world_size=1)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
-    step = standard_step(model, optimizer, cfg, device, scheduler)
-    evaluate = evaluate_split(model, data.x_val, data.y_val, ctx)
+    step = standard_step(model, optimizer, cfg, device, scheduler, objective=data.objective)
+    evaluate = evaluate_split(model, data.x_val, data.y_val, ctx, objective=data.objective)
     return fit(model, step, loader, evaluate, cfg, ctx, strategy="reference", optimizer=optimizer)
 
 

@@ -8,14 +8,16 @@ import contextlib
 import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint_sequential
 
 from flyscale.config import TrainConfig
+from flyscale.train.objective import default as default_objective
+from flyscale.train.objective import pairing
 
 # A step trains on one batch and returns (mean loss, number correct or None when not tracked,
 # rows) over the rows this rank accounts for: the batch under data parallelism, the whole global
@@ -119,8 +121,10 @@ def standard_step(
     device: torch.device,
     scheduler=None,
     no_sync: Callable[[], AbstractContextManager] | None = None,
+    objective: Any = None,
 ) -> StandardStep:
-    """Forward, cross-entropy, backward, update: the step every data-parallel strategy shares.
+    """Forward, the objective's loss (classification's cross-entropy when None), backward,
+    update: the step every data-parallel strategy shares.
 
     With `grad_accum_steps = k` the batch is split into k micro-batches whose gradients add up
     to the whole batch's (each loss is weighted by its share); `no_sync` skips DDP's all-reduce
@@ -132,15 +136,17 @@ def standard_step(
     k = cfg.grad_accum_steps
     track = cfg.track_train_accuracy
     mixed = cfg.precision != "fp32"
+    objective = objective or default_objective()
+    loss_fn, pair = objective.loss, pairing(objective)
 
-    if k == 1 and not mixed and not track and cfg.grad_clip_norm == 0 and scheduler is None:
+    if k == 1 and not mixed and not track and cfg.grad_clip_norm == 0 and scheduler is None and pair is None:
         # The default, and the textbook step itself. Decided here, once, not on every step: on
         # the default MLP a step takes about 0.4 ms, and the general step's nested call and
         # branches measured 0-1.3% of it over paired epochs (benchmarks/bench_trainer.py's
         # method). tests/test_training_techniques.py holds the two to the same arithmetic.
         def plain_step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, None, int]:
             optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(xb), yb)
+            loss = loss_fn(model(xb), yb)
             loss.backward()
             optimizer.step()
             return loss.detach(), None, len(yb)
@@ -150,16 +156,18 @@ def standard_step(
     def backward(xm: torch.Tensor, ym: torch.Tensor, weight: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         if mixed:
             with autocast(cfg, device):
-                logits = model(xm)
-                loss = F.cross_entropy(logits.float(), ym)
+                outputs = model(xm)
+                loss = loss_fn(outputs.float(), ym)
         else:
-            logits = model(xm)
-            loss = F.cross_entropy(logits, ym)
+            outputs = model(xm)
+            loss = loss_fn(outputs, ym)
         weighted = loss * weight if weight != 1.0 else loss
         (scaler.scale(weighted) if scaler else weighted).backward()
-        return loss.detach(), (logits.detach().argmax(1) == ym).sum() if track else None
+        return loss.detach(), objective.score(outputs.detach(), ym)[1] if track else None
 
     def step(xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        if pair is not None:  # a language model: the tokens before each position, and that position's
+            xb, yb = pair(xb, yb)
         optimizer.zero_grad(set_to_none=True)
         if k == 1:
             loss, correct = backward(xb, yb, 1.0)

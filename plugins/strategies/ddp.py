@@ -123,7 +123,7 @@ def _train(
     loader = train_loader(data, cfg, ctx)
     optimizer = make_optimizer(model, cfg, ctx.world_size)
     scheduler = make_scheduler(optimizer, cfg, len(loader))
-    step = standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync)
+    step = standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync, objective=data.objective)
     history = fit(
         wrapped,
         step,

@@ -14,17 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from flyscale.config import TrainConfig
-from flyscale.evaluate.metrics import batch_score
 from flyscale.train import meta
 from flyscale.train.batches import Batches, TrainData
 from flyscale.train.distributed import DistContext
 from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
+from flyscale.train.objective import default as default_objective
+from flyscale.train.objective import pairing
 from flyscale.train.state import TrainState
 from flyscale.train.step import StepFn, make_optimizer, make_scheduler
 
@@ -122,6 +122,14 @@ def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> li
     bounds = [0, *split_points, len(model)]
     if any(not 0 < p < len(model) for p in split_points) or any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ValueError(f"split_points must be strictly increasing in [1, {len(model) - 1}], got {split_points}")
+    stage_of = lambda layer: next(k for k, b in enumerate(bounds[1:]) if layer < b)  # noqa: E731
+    for (i, a_name), (j, b_name) in meta.shared_parameters(model):
+        if stage_of(i) != stage_of(j):  # each stage would train its own copy: the weights would drift apart
+            raise ValueError(
+                f"layers {i} ({a_name}) and {j} ({b_name}) share one parameter (tied weights) but fall in stages "
+                f"{stage_of(i)} and {stage_of(j)}: untie them (for flyscale's gpt: model.options.tie_embeddings: "
+                f"false), or use train.strategy: ddp"
+            )
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
         # A stage without parameters does no learning and would hand AdamW an empty list.
         if not any(p.requires_grad for p in model[a:b].parameters()):
@@ -137,28 +145,33 @@ def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> lis
 
 @dataclass
 class LocalStage:
-    """This rank's slice of the model and the schedule that runs it (None when running alone)."""
+    """This rank's slice of the model, the schedule that runs it (None when running alone), and
+    the objective the last stage scores its outputs by."""
 
     module: nn.Sequential
     schedule: PipelineScheduleSingle | None
     is_first: bool = True
     is_last: bool = True
+    objective: Any = None
 
 
-def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, seed: int = 0) -> LocalStage:
+def build_stage(
+    model: nn.Module, ctx: DistContext, options: PipelineOptions, seed: int = 0, objective: Any = None
+) -> LocalStage:
     """Cut `model` into world_size stages and wrap this rank's in a schedule.
 
     A model on the meta device (see flyscale.train.meta) gets storage and initial weights for this
     rank's layers only (from `seed`); the other stages stay shapes without storage here. A model
-    already in memory is used as it is.
+    already in memory is used as it is. `objective`: what the loss is (classification when None).
     """
+    objective = objective or default_objective()
     n_stages = ctx.world_size if ctx.distributed else 1
     bounds = split_bounds(model, n_stages, options.split_points)
     rank = ctx.rank if n_stages > 1 else 0
     meta.materialise(model, ctx.device, seed, range(bounds[rank], bounds[rank + 1]))
     module = _layers(model, bounds[rank], bounds[rank + 1]).to(ctx.device)
     if n_stages == 1:
-        return LocalStage(module, None)
+        return LocalStage(module, None, objective=objective)
     if options.schedule == "1f1b" and options.microbatches < n_stages:
         raise ValueError(
             f"microbatches must be >= the number of stages ({n_stages}) for schedule 1f1b, got {options.microbatches}"
@@ -168,18 +181,22 @@ def build_stage(model: nn.Module, ctx: DistContext, options: PipelineOptions, se
     stage = PipelineStage(module, ctx.rank, n_stages, ctx.device)
     # Mean loss per micro-batch; scale_grads divides the summed gradients by the micro-batch count,
     # which with equal micro-batches is exactly the gradient of the global batch's mean loss.
-    schedule = SCHEDULES[options.schedule](stage, n_microbatches=options.microbatches, loss_fn=F.cross_entropy)
-    return LocalStage(module, schedule, is_first=ctx.rank == 0, is_last=ctx.rank == n_stages - 1)
+    schedule = SCHEDULES[options.schedule](stage, n_microbatches=options.microbatches, loss_fn=objective.loss)
+    return LocalStage(module, schedule, ctx.rank == 0, ctx.rank == n_stages - 1, objective)
 
 
 def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of one global batch; (mean loss, correct) as 0-d tensors, zeros off the last stage."""
     # Tensors, not floats, like StepFn: a float() per step would stall a GPU on every batch.
+    objective = stage.objective or default_objective()
+    pair = pairing(objective)
+    if pair is not None:  # on every stage: the first feeds the inputs, the last scores the targets
+        xb, yb = pair(xb, yb)
     if stage.schedule is None:
         logits = stage.module(xb)
-        loss = F.cross_entropy(logits, yb)
+        loss = objective.loss(logits, yb)
         loss.backward()
-        return loss.detach(), (logits.detach().argmax(1) == yb).sum()
+        return loss.detach(), objective.score(logits.detach(), yb)[1]
     losses: list[torch.Tensor] = []
     # Only the first stage feeds inputs and only the last one sees targets; the others relay.
     args = (xb,) if stage.is_first else ()
@@ -189,7 +206,7 @@ def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> t
         zero = torch.zeros((), device=xb.device)
         return zero, zero.long()
     loss = torch.stack([micro.detach() for micro in losses]).mean()
-    return loss, (logits.detach().argmax(1) == yb).sum()
+    return loss, objective.score(logits.detach(), yb)[1]
 
 
 def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Callable[[], tuple[float, float, float]]:
@@ -200,18 +217,23 @@ def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Cal
     sums over ranks that `fit` takes are exact.
     """
 
+    objective = data.objective
+    pair = pairing(objective)
+
     @torch.no_grad()
     def run() -> tuple[float, float, float]:
         stage.module.eval()
         loss_sum = correct = count = 0.0
         for xb, yb in data.val_batches():
+            if pair is not None:
+                xb, yb = pair(xb, yb)
             h = xb.to(ctx.device) if stage.is_first else ctx.recv_tensor(ctx.rank - 1)
             h = stage.module(h)
             if not stage.is_last:
                 ctx.send_tensor(h, ctx.rank + 1)
                 continue
-            batch_loss, batch_correct = batch_score(h, yb.to(ctx.device))
-            loss_sum, correct, count = loss_sum + batch_loss, correct + batch_correct, count + len(yb)
+            batch_loss, batch_correct, n = objective.score(h, yb.to(ctx.device))
+            loss_sum, correct, count = loss_sum + float(batch_loss), correct + float(batch_correct), count + n
         stage.module.train()
         return loss_sum, correct, count
 
@@ -337,7 +359,7 @@ def _train(
 ) -> TrainResult:
     _check_batches(data, cfg, options)
     refuse_running_statistics(model)
-    stage = build_stage(model, ctx, options, seed=cfg.seed)
+    stage = build_stage(model, ctx, options, seed=cfg.seed, objective=data.objective)
     # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
     optimizer = make_optimizer(stage.module, cfg, world_size=1)
     loader = train_loader(data, cfg, ctx)
