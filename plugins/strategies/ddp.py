@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -49,21 +50,37 @@ class DDPOptions:
 
 
 def timed_allreduce() -> tuple[Callable, Callable[[], float]]:
-    """A DDP comm hook (the default all-reduce, timed launch to completion) and its total seconds."""
-    total = [0.0]
+    """A DDP comm hook (the default all-reduce) and the seconds at least one bucket was in flight.
+
+    Buckets overlap one another (many small buckets are launched before the first finishes), so
+    the clock counts the union of their launch-to-completion intervals, not their sum: the result
+    never exceeds the wall time it was measured over.
+    """
+    lock = threading.Lock()
+    state = {"in_flight": 0, "since": 0.0, "total": 0.0}
 
     # No annotations: DDP checks them, and under `from __future__ import annotations` they are strings.
     def hook(_state, bucket):
-        start = time.perf_counter()
+        with lock:
+            if state["in_flight"] == 0:
+                state["since"] = time.perf_counter()
+            state["in_flight"] += 1
 
         def done(fut):
             # Runs on the communication thread when this bucket's all-reduce has finished.
-            total[0] += time.perf_counter() - start
+            with lock:
+                state["in_flight"] -= 1
+                if state["in_flight"] == 0:
+                    state["total"] += time.perf_counter() - state["since"]
             return fut.value()
 
         return default_hooks.allreduce_hook(None, bucket).then(done)
 
-    return hook, lambda: total[0]
+    def seconds() -> float:
+        with lock:
+            return state["total"]
+
+    return hook, seconds
 
 
 def wrap(
