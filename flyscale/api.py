@@ -14,7 +14,8 @@ built-in strategies take it).
 """
 
 from flyscale.data.schemas import default_row_schema
-from flyscale.evaluate.metrics import higher_is_better
+from flyscale.evaluate.generation import generate
+from flyscale.evaluate.metrics import ClassificationEvaluator, EvalMetrics, higher_is_better
 from flyscale.plugin.contracts import (
     SOURCE_FILE,
     SOURCE_KEY,
@@ -26,6 +27,8 @@ from flyscale.plugin.contracts import (
     GatePlugin,
     GateVerdict,
     ModelPlugin,
+    ObjectiveContext,
+    ObjectivePlugin,
     QuantizerPlugin,
     StrategyPlugin,
 )
@@ -49,6 +52,11 @@ __all__ = [
     "StrategyPlugin",
     "QuantizerPlugin",
     "GatePlugin",
+    "ObjectivePlugin",
+    "ObjectiveContext",
+    "EvalMetrics",
+    "ClassificationEvaluator",
+    "generate",
     "DistContext",
     "TrainData",
     "TrainResult",

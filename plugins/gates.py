@@ -50,6 +50,9 @@ class MinMetric:
 
     options_type = MinMetricOptions
 
+    def reads(self, options: MinMetricOptions) -> list[str]:
+        return list(options.bounds())
+
     def check(
         self, metrics: Mapping[str, float], options: MinMetricOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
@@ -99,6 +102,9 @@ class BeatsChampion:
 
     options_type = BeatsChampionOptions
 
+    def reads(self, options: BeatsChampionOptions) -> list[str]:
+        return [options.metric]
+
     def check(
         self, metrics: Mapping[str, float], options: BeatsChampionOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
@@ -145,6 +151,10 @@ beats_champion = BeatsChampion()
 @dataclass
 class QuantizationOptions:
     max_accuracy_drop: float = 0.01  # int8 may lose at most this much test accuracy (0.01: one point)
+    # Any other objective: how much worse int8 may be on each named metric, in its own units,
+    # e.g. {perplexity: 0.05} or {r2: 0.02} (read from int8_perplexity_increase, int8_r2_drop).
+    # Given, it replaces max_accuracy_drop.
+    max_worse: dict = field(default_factory=dict)
     min_speedup: float = 0.0  # fp32 p50 latency / int8 p50 latency at `batch_size`; 0: not bounded
     min_size_ratio: float = 0.0  # fp32 size / int8 size; 0: not bounded
     batch_size: int = 64  # where the speed-up is read
@@ -152,6 +162,16 @@ class QuantizationOptions:
     def __post_init__(self):
         if not 0.0 <= self.max_accuracy_drop <= 1.0:
             raise ValueError(f"max_accuracy_drop must be in [0, 1], got {self.max_accuracy_drop}")
+        for metric, bound in self.max_worse.items():
+            _judged(metric)  # an unknown metric fails here, naming what is known
+            if not isinstance(bound, int | float) or bound < 0:
+                raise ValueError(f"max_worse.{metric} must be a number >= 0, got {bound!r}")
+
+    def costs(self) -> list[tuple[str, float]]:
+        """(the recorded cost's name, its bound) of each metric int8 is held to."""
+        if not self.max_worse:
+            return [("int8_accuracy_drop", self.max_accuracy_drop)]
+        return [(f"int8_{m}_drop" if _judged(m) else f"int8_{m}_increase", float(b)) for m, b in self.max_worse.items()]
         for name in ("min_speedup", "min_size_ratio"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -163,10 +183,14 @@ class Quantization:
 
     options_type = QuantizationOptions
 
+    def reads(self, options: QuantizationOptions) -> list[str]:
+        extra = [f"int8_speedup_b{options.batch_size}"] if options.min_speedup else []
+        return [name for name, _ in options.costs()] + extra + (["int8_size_ratio"] if options.min_size_ratio else [])
+
     def check(
         self, metrics: Mapping[str, float], options: QuantizationOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
-        wanted = [("int8_accuracy_drop", options.max_accuracy_drop, False)]
+        wanted = [(name, bound, False) for name, bound in options.costs()]
         if options.min_speedup:
             wanted.append((f"int8_speedup_b{options.batch_size}", options.min_speedup, True))
         if options.min_size_ratio:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flyscale.api import DatasetInfo
+from flyscale.api import generate as generate_tokens
 from flyscale_plugins.models import _check_multipliers
 
 STD = 0.02  # nanoGPT's (GPT-2's) standard deviation for every weight but the residual projections
@@ -209,7 +210,6 @@ class GPT:
         return nn.Sequential(embedding, *blocks, head)
 
 
-@torch.no_grad()
 def generate(
     model: nn.Sequential,
     ids: torch.Tensor,
@@ -217,25 +217,12 @@ def generate(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """`ids` (N, T) followed by `max_new_tokens` sampled ones; temperature 0 takes the likeliest.
-
-    No KV cache yet: each new token runs the model over the whole window (the last `context`
-    tokens) again. Dropout applies unless the caller put the model in eval mode first.
-    """
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0: always the likeliest token), got {temperature}")
+    """`ids` (N, T) followed by `max_new_tokens` sampled ones (flyscale.api.generate, with the
+    window this model was built for); temperature 0 takes the likeliest. No KV cache."""
     embedding = model[0]
     if not isinstance(embedding, Embedding):
         raise TypeError(f"generate() takes a model built by 'gpt', whose first layer is an Embedding, not {embedding}")
-    context = len(embedding.pos)
-    for _ in range(max_new_tokens):
-        logits = model(ids[:, -context:])[:, -1, :]
-        if temperature == 0:
-            nxt = logits.argmax(dim=-1, keepdim=True)
-        else:
-            nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=generator)
-        ids = torch.cat([ids, nxt], dim=1)
-    return ids
+    return generate_tokens(model, ids, max_new_tokens, len(embedding.pos), temperature, generator)
 
 
 gpt = GPT()

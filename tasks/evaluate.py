@@ -4,13 +4,15 @@ it, and the gates, which judge all of it against the champion as it is now."""
 from __future__ import annotations
 
 import tempfile
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
+import torch
 from flytekit import Deck, task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, QuantizeConfig
+from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, ObjectiveConfig, QuantizeConfig
 from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches, calibration_batches
@@ -22,13 +24,14 @@ from flyscale.evaluate.quantize import quantize
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state, save_state
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
 from flyscale.render.decks import evaluation_html
 from flyscale.tracking.champion import read_baseline
+from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
 from tasks.common import DECKS, SMALL, TASK
-from tasks.records import EvaluatedModel, QuantizedModel
+from tasks.records import EvaluatedModel, QuantizedModel, ValidatedData
 
 
 class Evaluated(NamedTuple):
@@ -46,38 +49,91 @@ class Judged(NamedTuple):
     passed: bool
 
 
-@task(cache=code_cache("models"), **TASK, requests=SMALL)
-def evaluate_model(weights: FlyteFile, test: Shards, info: DatasetInfo, model_cfg: ModelConfig) -> Evaluated:
-    """Accuracy, macro-F1, per-class precision and recall, calibration and the confusion matrix
-    of the trained model on the test split, and the fingerprint of that split."""
+def objective_context(validated: ValidatedData) -> ObjectiveContext:
+    """What the objective's evaluation may need besides the model: the info, and for text the
+    tokenizer (to decode samples) and the bytes a token (for bits per byte)."""
+    tokens, tokenizer = validated.tokens, validated.tokenizer
+    return ObjectiveContext(
+        validated.info,
+        bytes_per_token=tokens.bytes_per_token if tokens is not None else 0.0,
+        tokenizer_json=Path(tokenizer.download()).read_text() if tokenizer is not None else "",
+    )
+
+
+def latency_inputs(objective: Any, info: DatasetInfo) -> dict[str, Any]:
+    """What one timed call of the latency comparison is given. A language model's (an objective
+    that pairs inputs): a full window of token ids, so one call is one generated token without a
+    KV cache, at batch 1, 8 and 32. Anyone else's: float32 noise in the input's shape."""
+    pair = objectives.pairing(objective)
+    spec = info.input()
+    if pair is None or spec is None or spec.dtype.startswith("float"):
+        return {}
+    high = int(spec.range[1]) + 1 if spec.range else 2
+
+    def make_input(b: int, generator: torch.Generator) -> torch.Tensor:
+        ids = torch.randint(0, high, (b, *spec.shape), generator=generator)
+        return pair(ids, torch.zeros(b, dtype=torch.long))[0]
+
+    return {"make_input": make_input, "batch_sizes": TOKEN_BATCH_SIZES, "unit": "token"}
+
+
+TOKEN_BATCH_SIZES = (1, 8, 32)
+
+
+@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+def evaluate_model(
+    weights: FlyteFile,
+    test: Shards,
+    validated: ValidatedData,
+    model_cfg: ModelConfig,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+) -> Evaluated:
+    """The objective's metrics of the trained model on the test split (a classifier's accuracy,
+    macro-F1, per-class precision and recall, calibration and confusion matrix; a language
+    model's perplexity and bits per byte, and its continuations of fixed prompts), and the
+    fingerprint of that split."""
     run = TaskRun.start("evaluate_model")
+    info = validated.info
     path = weights.download()
     model = load_state(build_model(model_cfg, info), path)
-    metrics = evaluate_batches(model, batches(test, info), info.num_classes)
+    metrics = evaluate_batches(model, batches(test, info), objectives.of(objective), objective_context(validated))
     metrics.weights_sha256 = file_sha256(path)
     return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())), run.done())
 
 
-@task(cache=code_cache("models", "quantizers"), **TASK, requests=SMALL, enable_deck=True, deck_fields=DECKS)
+@task(
+    cache=code_cache("models", "quantizers", "objectives"), **TASK, requests=SMALL, enable_deck=True, deck_fields=DECKS
+)
 def quantize_model(
     weights: FlyteFile,
     train: Shards,
     test: Shards,
-    info: DatasetInfo,
+    validated: ValidatedData,
     model_cfg: ModelConfig,
     cfg: QuantizeConfig,
     fp32: EvalMetrics,
     history: TrainHistory,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Quantized:
     """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
     model on the same test split, and time both models side by side at batch 1, 8, 64 and 256.
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
     run = TaskRun.start("quantize_model")
+    info, goal = validated.info, objectives.of(objective)
     model = load_state(build_model(model_cfg, info), weights.download())
     qmodel = quantize(model, cfg, calibration_batches(train, info))
-    metrics = evaluate_batches(qmodel, batches(test, info), info.num_classes)
-    comparison = compare(model, qmodel, cfg.name, fp32, metrics, fields.model_input_shape(info))
+    metrics = evaluate_batches(qmodel, batches(test, info), goal, objective_context(validated))
+    comparison = compare(
+        model,
+        qmodel,
+        cfg.name,
+        fp32,
+        metrics,
+        fields.model_input_shape(info),
+        metrics=goal.metrics,
+        **latency_inputs(goal, info),
+    )
     figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
     weights_int8 = FlyteFile(save_state(qmodel, "model_int8.pt"))

@@ -19,7 +19,7 @@ from flyscale.cluster.launchers import (
     training_launcher,
     training_resources,
 )
-from flyscale.config import DataConfig, ModelConfig, PreflightConfig, TrainConfig
+from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TrainConfig
 from flyscale.data import source
 from flyscale.data.shards import Shards
 from flyscale.flyte.caching import code_cache
@@ -27,6 +27,7 @@ from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.train import distributed, preflight
+from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.strategies import check_model as check_against_strategy
@@ -38,15 +39,23 @@ from tasks.records import ModelCheck
 # Never cached: it is cheap, and it reads what the dataset declares as it is now. The pod sees the
 # launcher as registered (the world size the model is checked at).
 @task(cache=False, **task_options(**launcher_environment()), requests=SMALL)
-def check_model(data_cfg: DataConfig, model_cfg: ModelConfig, cfg: TrainConfig) -> ModelCheck:
+def check_model(
+    data_cfg: DataConfig,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+) -> ModelCheck:
     """Before any data work: build the model on the meta device (shapes, no weights) from what
     the dataset declares, and refuse one the training cannot train at the launcher's world size
-    (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out."""
+    (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out; and
+    refuse data without a label for an objective that needs one."""
     info = source.info(data_cfg)
-    if not info.label_column:
+    if not info.label_column and objective.plugin.attribute("labelled"):
+        fields = ", ".join(str(f) for f in info.fields)
         raise ValueError(
-            f"dataset {data_cfg.dataset!r} has no label ({', '.join(str(f) for f in info.fields)}): training_pipeline "
-            "trains classifiers. Prepare and inspect it with `pyflyte run workflows/data.py prepare_data --cfg ...`"
+            f"dataset {data_cfg.dataset!r} has no label ({fields}), and objective {objective.name!r} needs one. "
+            "For text, set `objective: {name: language_modeling}`; to look at the data without training, "
+            "`pyflyte run workflows/data.py prepare_data --cfg ...`"
         )
     model = build_model(model_cfg, info, meta=True)
     world_size = planned_world_size()
@@ -97,7 +106,7 @@ def _launcher():
 
 @task(
     task_config=_launcher(),
-    cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}),
+    cache=code_cache("models", "strategies", "objectives", facts={"launcher": launcher_facts}),
     **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
 )
@@ -108,6 +117,7 @@ def preflight_check(
     model_cfg: ModelConfig,
     cfg: TrainConfig,
     preflight_cfg: PreflightConfig,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Checked:
     """Fail fast, with the numbers, if N workers do not compute what one process computes."""
     run = TaskRun.start("preflight_check")
@@ -115,7 +125,7 @@ def preflight_check(
         train_fn, options = strategy(cfg)
         report = preflight.run_preflight(
             lambda: build_model(model_cfg, info, meta=wants_meta_model(cfg)),
-            train_data_from(train, val, info),
+            train_data_from(train, val, info, objective=objectives.of(objective)),
             cfg,
             preflight_cfg,
             ctx,

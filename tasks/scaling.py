@@ -40,7 +40,7 @@ from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun, execution_key
 from flyscale.model import build_model, load_state
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
 from flyscale.scaling.advice import (
     Bound,
     Efficiency,
@@ -65,6 +65,7 @@ from flyscale.scaling.plots import plot_study
 from flyscale.scaling.report import html_page, log_study
 from flyscale.tracking.live import close_failed_runs
 from flyscale.tracking.store import tracking_uri
+from flyscale.train import objective as objectives
 from flyscale.train.distributed import torch_threads
 from tasks.common import DECKS, SMALL, TASK, task_options
 from tasks.train import IGNORED, train_job
@@ -116,7 +117,7 @@ def _measure(
     model = load_state(build_model(model_cfg, info), weights_path)
     rows = shards.read(original.dir.download(), [*info.feature_columns, info.label_column])
     own = evaluate(model, *to_tensors(rows, info), info.num_classes)
-    held_out = evaluate_batches(model, batches(val, info), info.num_classes)
+    held_out = evaluate_batches(model, batches(val, info), objectives.default(), ObjectiveContext(info))
     return replace_point(
         spec,
         train_rows=original.rows,

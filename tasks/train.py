@@ -19,7 +19,7 @@ from flyscale.cluster.launchers import (
     training_retries,
 )
 from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
-from flyscale.config import AugmentConfig, MlflowConfig, ModelConfig, RecoveryConfig, TrainConfig
+from flyscale.config import AugmentConfig, MlflowConfig, ModelConfig, ObjectiveConfig, RecoveryConfig, TrainConfig
 from flyscale.config.flatten import flatten
 from flyscale.data.augment import on_the_fly
 from flyscale.data.shards import Shards
@@ -32,6 +32,7 @@ from flyscale.render.decks import learning_curves_html
 from flyscale.tracking.live import LiveRun
 from flyscale.tracking.store import run_name
 from flyscale.train import distributed
+from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.loop import Hooks
@@ -43,7 +44,12 @@ from tasks.records import TrainedModel
 
 
 def identity(
-    fingerprint: DataFingerprint, model_cfg: ModelConfig, cfg: TrainConfig, world_size: int, augment: AugmentConfig
+    fingerprint: DataFingerprint,
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    world_size: int,
+    augment: AugmentConfig,
+    objective: ObjectiveConfig,
 ) -> str:
     """The key of what this task trains (what its cache key holds, but for the execution): the
     same command run again after a Ctrl-C or a crash has the same one, and resumes."""
@@ -53,9 +59,10 @@ def identity(
             "model": flatten(model_cfg),
             "train": flatten(cfg),
             "augment": flatten(augment),
+            "objective": flatten(objective),
             "launcher": launcher_facts(),
             "world_size": world_size,
-            "code": code_version(__name__, ("models", "strategies")),
+            "code": code_version(__name__, ("models", "strategies", "objectives")),
         }
     )
 
@@ -92,6 +99,7 @@ def train_job(
     recovery: RecoveryConfig,
     threads: int = 0,
     augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (never mutated)
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (never mutated)
 ) -> TrainedModel | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
@@ -108,7 +116,7 @@ def train_job(
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
-        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment)
+        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective)
         with restart_directory(
             ctx, recovery.checkpoint_dir, key, f"{started.execution}@{started.started_at!r}"
         ) as root:
@@ -124,7 +132,7 @@ def train_job(
             # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
             # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
             hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
-            data = train_data_from(train, val, info, on_the_fly(augment, info))
+            data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
             result = train_fn(model, data, cfg, ctx, options, hooks)
             finished = len(result.history.epochs) == cfg.epochs
             ctx.barrier()  # every rank is past its last checkpoint read or write
@@ -143,7 +151,7 @@ def train_job(
 
 @task(
     task_config=training_launcher(),
-    cache=code_cache("models", "strategies", facts={"launcher": launcher_facts}, ignored_inputs=IGNORED),
+    cache=code_cache("models", "strategies", "objectives", facts={"launcher": launcher_facts}, ignored_inputs=IGNORED),
     **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
     # Spot nodes are fine: a preempted attempt is retried and resumes from its last checkpoint.
@@ -164,11 +172,24 @@ def train_model(
     mlflow_cfg: MlflowConfig,
     recovery: RecoveryConfig = RecoveryConfig(),  # noqa: B008 (a Flyte input's default is its value)
     augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (typed examples: each batch as it is drawn)
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
     resumes from the newest one of this training (after a worker restart, a Flyte retry, or
     the same command again after a Ctrl-C)."""
     run = TaskRun.start("train_model")
-    trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery, augment=augment)
+    trained = train_job(
+        train,
+        val,
+        info,
+        model_cfg,
+        cfg,
+        fingerprint,
+        started,
+        mlflow_cfg,
+        recovery,
+        augment=augment,
+        objective=objective,
+    )
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

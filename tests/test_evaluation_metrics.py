@@ -29,6 +29,8 @@ from flyscale.evaluate.metrics import (
     higher_is_better,
     reliability,
 )
+from flyscale.plugin import registry
+from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
 from tests.conftest import REPO
@@ -45,12 +47,18 @@ def two_class_logits(confidence: float, predicted: int, classes: int = 2) -> lis
     return [math.log(v) for v in p]
 
 
+def classify(model: nn.Module, batches, num_classes: int) -> EvalMetrics:
+    """evaluate_batches through the classification objective, as the evaluate task calls it."""
+    info = DatasetInfo("t", num_classes, [1], [])
+    return evaluate_batches(model, batches, registry.objectives.get("classification"), ObjectiveContext(info))
+
+
 def evaluate_logits(rows: list[tuple[list[float], int]], num_classes: int = 2, batch: int = 3) -> EvalMetrics:
     """evaluate_batches on a model that returns its input: the logits are the test rows, streamed."""
     x = torch.tensor([r[0] for r in rows], dtype=torch.float32)
     y = torch.tensor([r[1] for r in rows], dtype=torch.long)
     batches = ((x[i : i + batch], y[i : i + batch]) for i in range(0, len(y), batch))
-    return evaluate_batches(nn.Identity(), batches, num_classes)
+    return classify(nn.Identity(), batches, num_classes)
 
 
 def brute_force_ece(confidence: np.ndarray, correct: np.ndarray, bins: int) -> float:
@@ -128,7 +136,7 @@ def test_per_class_metrics_accuracy_f1_and_confusion_match_sklearn():
     x = torch.randn(203, 6)
     y = torch.randint(0, 4, (203,))  # class 4 never occurs: its recall is 0, not NaN
     batches = ((x[i : i + 50], y[i : i + 50]) for i in range(0, len(y), 50))
-    m = evaluate_batches(model, batches, 5)
+    m = classify(model, batches, 5)
     pred = model(x).argmax(1).numpy()
     labels = list(range(5))
     assert m.precision == pytest.approx(precision_score(y, pred, labels=labels, average=None, zero_division=0).tolist())
@@ -207,6 +215,13 @@ def test_a_cached_literal_from_before_the_new_fields_still_loads():
         "int8_accuracy_drop",
         "throughput_drop",
         "error",
+        "test_perplexity",
+        "int8_perplexity_increase",
+        "bits_per_byte",
+        "int8_test_bits_per_token",
+        "mae",
+        "test_rmse",
+        "r2_drop",
     ],
 )
 def test_lower_is_better(name):
@@ -227,13 +242,17 @@ def test_lower_is_better(name):
         "int8_throughput_b1",
         "speedup_b64",
         "size_ratio",
+        "test_r2",
+        "token_accuracy",
+        "tokens_per_s",
+        "samples_per_s",
     ],
 )
 def test_higher_is_better(name):
     assert higher_is_better(name) is True
 
 
-@pytest.mark.parametrize("name", ["epoch_seconds", "accuracyish", "f1", "samples_per_s", ""])
+@pytest.mark.parametrize("name", ["epoch_seconds", "accuracyish", "f1", "tokens", ""])
 def test_an_unknown_metric_has_no_direction(name):
     with pytest.raises(ValueError) as err:
         higher_is_better(name)

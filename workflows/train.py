@@ -27,13 +27,19 @@ from workflows.data import dataset
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
     """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> quantize
     -> gate -> register (every gate passed) or record (one failed) -> summarize."""
-    model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train)
+    model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective)
     fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
     train, val, test, validated, data_ran = dataset(
         cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
     )
     preflight, preflight_ran = preflight_check(
-        train=train, val=val, info=validated.info, model_cfg=cfg.model, cfg=cfg.train, preflight_cfg=cfg.preflight
+        train=train,
+        val=val,
+        info=validated.info,
+        model_cfg=cfg.model,
+        cfg=cfg.train,
+        preflight_cfg=cfg.preflight,
+        objective=cfg.objective,
     )
     trained, train_ran = train_model(
         train=train,
@@ -47,17 +53,21 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         mlflow_cfg=cfg.mlflow,
         recovery=cfg.recovery,
         augment=cfg.augment,
+        objective=cfg.objective,
     )
-    fp32, evaluate_ran = evaluate_model(weights=trained.weights, test=test, info=validated.info, model_cfg=cfg.model)
+    fp32, evaluate_ran = evaluate_model(
+        weights=trained.weights, test=test, validated=validated, model_cfg=cfg.model, objective=cfg.objective
+    )
     int8, quantize_ran = quantize_model(
         weights=trained.weights,
         train=train,
         test=test,
-        info=validated.info,
+        validated=validated,
         model_cfg=cfg.model,
         cfg=cfg.quantize,
         fp32=fp32.metrics,
         history=trained.history,
+        objective=cfg.objective,
     )
     judgment, passed = gate_model(fp32=fp32, int8=int8, cfg=cfg.gate, champion_of=cfg.mlflow)
     ran = [preflight_ran, train_ran, evaluate_ran, quantize_ran]

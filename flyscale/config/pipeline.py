@@ -7,6 +7,7 @@ range and plugin name, and the combinations of sections that cannot work togethe
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import typing
 from dataclasses import field
@@ -20,6 +21,7 @@ from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
     ModelConfig,
+    ObjectiveConfig,
     PreflightConfig,
     RecoveryConfig,
     TokenizeConfig,
@@ -37,6 +39,7 @@ class PipelineConfig(Section):
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
@@ -79,9 +82,49 @@ class PipelineConfig(Section):
                     f"{exc} (augment.names is unset, so it is dataset {self.data.dataset!r}'s "
                     f"default_augmentations {names})"
                 ) from None
+        self._gates_read_what_the_objective_measures()
         if self.data.plugin.attribute("streaming") and self.augment.names and self.augment.copies:
             # Streamed data is prepared in one pass with no augment stage: say so rather than ignore it.
             raise ValueError(
                 f"augment.names: dataset {self.data.dataset!r} streams data larger than memory, which is not "
                 f"augmented (copies would multiply it); set augment.names: [] or use its in-memory twin"
             )
+
+    def _gates_read_what_the_objective_measures(self) -> None:
+        """A gate that bounds a metric the objective never records would fail every run at the end
+        ("no accuracy was recorded"): refuse it here, naming what the objective does record."""
+        objective = self.objective.plugin.plugin
+        known = measured(objective)
+        for gate in self.gate.gates:
+            reads = getattr(gate.plugin.plugin, "reads", None)
+            for metric in reads(gate.plugin.options) if reads is not None else ():
+                if not any(fnmatch.fnmatchcase(metric, p) for p in known):
+                    raise ValueError(
+                        f"gate {gate.name!r} reads {metric!r}, which objective {self.objective.name!r} does not "
+                        f"record; it records {', '.join([*getattr(objective, 'metrics', {}), *ALWAYS_MEASURED])}, each "
+                        f"also for the int8 model (int8_<name>), and what int8 costs "
+                        f"({', '.join(n for n in known if n.endswith(('_drop', '_increase')))}). Name one of them in "
+                        f"the gate's options (a "
+                        f"language model's: gate: [{{name: min_metric, options: {{metric: perplexity, threshold: 8}}}}, "
+                        f"{{name: quantization, options: {{max_worse: {{perplexity: 0.1}}}}}}])"
+                    )
+
+
+# What every run records beside the objective's own metrics (flyscale/evaluate: the test metrics,
+# the latency comparison and quantization's own numbers).
+ALWAYS_MEASURED = ("loss", "size_bytes", "latency_p50_ms_b*", "latency_p99_ms_b*", "throughput_b*")
+
+
+def measured(objective: Any) -> list[str]:
+    """The names (globs) the gates may read under `objective`: its metrics and the always-recorded
+    ones, each also as the int8 model's (`int8_` prefix), and what int8 costs on each metric."""
+    own = list(getattr(objective, "metrics", {}) or {})
+    names = [*own, *ALWAYS_MEASURED]
+    ups = getattr(objective, "metrics", {}) or {}
+    classifier = "accuracy" in own
+    costs = (
+        ["int8_accuracy_drop"]
+        if classifier
+        else [f"int8_{m}_drop" if up else f"int8_{m}_increase" for m, up in ups.items() if not m.endswith("_per_s")]
+    )
+    return [*names, *(f"int8_{n}" for n in names), *costs, "int8_speedup_b*", "int8_size_ratio"]

@@ -135,6 +135,20 @@ class ModelConfig(PluginSection):
 
 
 @section
+class ObjectiveConfig(PluginSection):
+    """What training optimises, validation and evaluation measure, the gates see and the served
+    model returns: an objective plugin (classification, regression, language_modeling) by name."""
+
+    _section = "objective"
+    _kind = "objectives"
+    name: str = "classification"
+    options: dict = field(default_factory=dict)  # the objective's own options
+
+    def __post_init__(self):
+        self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+
+
+@section
 class TrainConfig(PluginSection):
     """Optimisation and parallelism. `batch_size` is per worker per optimizer step."""
 

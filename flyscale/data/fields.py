@@ -139,27 +139,30 @@ class Reader:
     converts a batch of it; `read` is both.
     """
 
-    label: str
+    label: str  # "" for examples without one (a text corpus): the labels read are zeros
     features: tuple[str, ...] = ()
     field: FieldSpec | None = None
+    label_dtype: str = "int64"  # a class; "float32" for a real-valued target
 
     @property
     def columns(self) -> list[str]:
         inputs = [self.field.name] if self.field is not None else list(self.features)
-        return [*inputs, self.label]
+        return [*inputs, self.label] if self.label else inputs
 
     def read(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         x, y = self.read_stored(table)
         return self.to_model(x), y
 
     def read_stored(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs as stored, decoded: uint8 images stay uint8; labels int64)."""
+        """(inputs as stored, decoded: uint8 images stay uint8; labels int64, or float32 targets)."""
         if self.field is None:
             x = np.stack([table.column(c).to_numpy().astype("float32", copy=False) for c in self.features], axis=1)
         else:
             x = to_numpy(table.column(self.field.name), self.field)
+        if not self.label:
+            return np.array(x), np.zeros(table.num_rows, dtype="int64")
         # Copies: arrow's zero-copy arrays are read-only, and torch warns on tensors over them.
-        return np.array(x), np.array(table.column(self.label).to_numpy(), dtype="int64")
+        return np.array(x), np.array(table.column(self.label).to_numpy(), dtype=self.label_dtype)
 
     def to_model(self, x: np.ndarray) -> np.ndarray:
         """A batch as stored, as models take it."""
@@ -185,9 +188,11 @@ class Reader:
 def reader(info: DatasetInfo) -> Reader:
     """The reader for a dataset: its input field, or its table's feature columns."""
     field = info.input()
+    label = next((f for f in info.fields if f.name == info.label_column), None)
+    label_dtype = "float32" if label is not None and label.dtype.startswith("float") else "int64"
     if field is not None:
-        return Reader(label=info.label_column, field=field)
-    return Reader(label=info.label_column, features=tuple(info.feature_columns))
+        return Reader(label=info.label_column, field=field, label_dtype=label_dtype)
+    return Reader(label=info.label_column, features=tuple(info.feature_columns), label_dtype=label_dtype)
 
 
 def input_example(info: DatasetInfo, rows: int = 2) -> np.ndarray:

@@ -3,8 +3,10 @@ size and latency, the numbers the `quantization` gate judges and MLflow records.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
@@ -16,7 +18,11 @@ class Comparison:
     """fp32 against int8 on the same test split and the same synthetic latency inputs."""
 
     quantizer: str = ""
-    accuracy_drop: float = 0.0  # fp32 accuracy - int8 accuracy
+    accuracy_drop: float = 0.0  # fp32 accuracy - int8 accuracy (a classifier's)
+    # What int8 costs on each of the objective's metrics, in the metric's units, positive when int8
+    # is worse: {"perplexity_increase": 0.03, "r2_drop": 0.001}.
+    costs: dict[str, float] = field(default_factory=dict)
+    unit: str = "batch"  # what one timed call makes: a "batch" of predictions, or a generated "token"
     size_ratio: float = 0.0  # fp32 size / int8 size
     fp32_latency: LatencyReport = field(default_factory=LatencyReport)
     int8_latency: LatencyReport = field(default_factory=LatencyReport)
@@ -37,7 +43,8 @@ class Comparison:
             **self.int8_latency.scalars("int8_"),
             **{f"int8_speedup_b{b}": s for b, s in self.speedup().items()},
             "int8_size_ratio": self.size_ratio,
-            "int8_accuracy_drop": self.accuracy_drop,
+            **({"int8_accuracy_drop": self.accuracy_drop} if not self.costs else {}),
+            **{f"int8_{k}": v for k, v in self.costs.items()},
         }
 
     def lines(self) -> list[str]:
@@ -58,10 +65,22 @@ class Comparison:
                 if not noise
                 else f"no ratio: too noisy to trust (p50 moved {noise:.0%} between repeated measurements)"
             )
+            per = " per generated token" if self.unit == "token" else ""
             out.append(
-                f"batch {b:>3}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   {ratio}"
+                f"batch {b:>3}{per}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   {ratio}"
             )
         return out
+
+
+def costs(fp32: EvalMetrics, int8: EvalMetrics, metrics: dict[str, bool]) -> dict[str, float]:
+    """How much worse int8 is on each metric (positive: worse), named by which way is worse:
+    `<metric>_drop` for one where higher is better, `<metric>_increase` for one where lower is."""
+    a, b = fp32.scalars(), int8.scalars()
+    out = {}
+    for name, up in metrics.items():
+        if name in a and name in b and not name.endswith("_per_s"):  # a speed is the latency's to judge
+            out[f"{name}_drop" if up else f"{name}_increase"] = a[name] - b[name] if up else b[name] - a[name]
+    return out
 
 
 def compare(
@@ -71,12 +90,24 @@ def compare(
     fp32: EvalMetrics,
     int8: EvalMetrics,
     n_features: int | list[int],
+    metrics: dict[str, bool] | None = None,
+    make_input: Callable[[int, torch.Generator], torch.Tensor] | None = None,
+    batch_sizes: Sequence[int] = BATCH_SIZES,
+    unit: str = "batch",
 ) -> Comparison:
-    """Time both models side by side (interleaved, so machine drift hits both) and compare."""
-    reports = measure_side_by_side({"fp32": fp32_model, "int8": int8_model}, n_features, BATCH_SIZES, budget_s=0.5)
+    """Time both models side by side (interleaved, so machine drift hits both) and compare.
+
+    `metrics` ({name: higher is better}, the objective's) are compared beyond a classifier's
+    accuracy; `make_input` and `batch_sizes` say what one timed call is given (a language
+    model's: a window of token ids, one generated token a call, `unit` "token")."""
+    reports = measure_side_by_side(
+        {"fp32": fp32_model, "int8": int8_model}, n_features, batch_sizes, budget_s=0.5, make_input=make_input
+    )
     return Comparison(
         quantizer=quantizer,
         accuracy_drop=fp32.accuracy - int8.accuracy,
+        costs=costs(fp32, int8, metrics or {}) if not fp32.classifier else {},
+        unit=unit,
         size_ratio=fp32.size_bytes / max(int8.size_bytes, 1),
         fp32_latency=reports["fp32"],
         int8_latency=reports["int8"],

@@ -121,8 +121,12 @@ def measure_side_by_side(
     *,
     repeats: int | None = None,
     budget_s: float = 1.0,
+    make_input: Callable[[int, torch.Generator], torch.Tensor] | None = None,
 ) -> dict[str, LatencyReport]:
     """`measure` for several models at once, one report per name.
+
+    `make_input(b, generator)`, if given, makes the batch of b examples instead of float32 noise
+    of shape (b, *n_features): token ids for a language model, say.
 
     Each repetition times every model once, in an order that rotates, so machine drift (other
     load, frequency scaling) and position in the loop hit all of them alike: their ratios are
@@ -157,7 +161,10 @@ def measure_side_by_side(
         gc.disable()  # a collection inside a timed call is the harness's noise, not the model's
         with torch.inference_mode():
             for b in (int(b) for b in batch_sizes):
-                x = torch.randn(b, *shape, generator=generator, dtype=torch.float32)
+                if make_input is not None:
+                    x = make_input(b, generator)
+                else:
+                    x = torch.randn(b, *shape, generator=generator, dtype=torch.float32)
                 calls = {name: _timed_call(m, x.to(devices[name]), devices[name]) for name, m in models.items()}
                 for call in calls.values():
                     _warm_up(call)

@@ -6,6 +6,7 @@ import fnmatch
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,9 +38,32 @@ class EvalMetrics:
     reliability_confidence: list[float] = field(default_factory=list)  # mean confidence (0 in an empty bin)
     reliability_accuracy: list[float] = field(default_factory=list)  # share correct (0 in an empty bin)
     reliability_count: list[int] = field(default_factory=list)  # predictions in the bin
+    # Which objective measured these. A classifier fills the fields above; every other objective
+    # reports its own metrics in `values` (its `metrics` say which way each is better), and
+    # leaves the classifier's fields at 0.
+    objective: str = "classification"
+    values: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, str] = field(default_factory=dict)  # {prompt: continuation}: a language model's
+    # A regressor's first target: up to PLOTTED predictions and their true values, for the residual plot.
+    predicted: list[float] = field(default_factory=list)
+    actual: list[float] = field(default_factory=list)
+
+    @property
+    def classifier(self) -> bool:
+        return self.objective == "classification"
+
+    def headline(self, name: str) -> float:
+        """One metric by name, wherever the objective keeps it."""
+        return self.scalars()[name]
 
     def scalars(self, prefix: str = "") -> dict[str, float]:
         """The metrics MLflow and the gates read, by stable names (`prefix` + name)."""
+        if not self.classifier:
+            return {
+                f"{prefix}loss": self.loss,
+                f"{prefix}size_bytes": float(self.size_bytes),
+                **{f"{prefix}{k}": float(v) for k, v in self.values.items()},
+            }
         out = {
             f"{prefix}accuracy": self.accuracy,
             f"{prefix}macro_f1": self.macro_f1,
@@ -55,8 +79,33 @@ class EvalMetrics:
 
 # Which way is better, for each family of metric flyscale records. Checked in this order, the
 # first match wins: `*_drop` first, so that "accuracy_drop" is a loss of accuracy, not accuracy.
-LOWER_IS_BETTER = ("*_drop", "loss", "ece", "size_bytes", "latency_*", "error")
-HIGHER_IS_BETTER = ("accuracy", "macro_f1", "precision*", "recall*", "throughput*", "speedup*", "size_ratio")
+# An objective's own metrics are named from these families too (flyscale.api.higher_is_better).
+LOWER_IS_BETTER = (
+    "*_drop",
+    "*_increase",
+    "loss",
+    "ece",
+    "size_bytes",
+    "latency_*",
+    "*error",
+    "perplexity",
+    "bits_per_*",
+    "mae",
+    "mse",
+    "rmse",
+)
+HIGHER_IS_BETTER = (
+    "accuracy",
+    "macro_f1",
+    "precision*",
+    "recall*",
+    "throughput*",
+    "speedup*",
+    "size_ratio",
+    "r2",
+    "*_per_s",
+    "*score",
+)
 
 
 def higher_is_better(metric_name: str) -> bool:
@@ -140,42 +189,77 @@ def per_class_precision_recall(confusion: np.ndarray) -> tuple[list[float], list
     return precision.tolist(), recall.tolist()
 
 
+PLOTTED = 2000  # a regressor's predictions kept for the residual plot
+
+
+class ClassificationEvaluator:
+    """Accuracy, macro-F1, per-class precision and recall, calibration and the confusion matrix,
+    streamed: memory holds, per example, the prediction, the label and the top-class confidence."""
+
+    def __init__(self, num_classes: int):
+        self.num_classes = num_classes
+        self.loss_sum, self.preds, self.truths, self.confs = 0.0, [], [], []  # type: ignore[var-annotated]
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        self.loss_sum += float(nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        conf, top = torch.softmax(logits.float(), dim=1).max(dim=1)
+        self.preds.append(top.numpy())
+        self.confs.append(conf.numpy())
+        self.truths.append(targets.numpy())
+
+    def result(self) -> EvalMetrics:
+        pred = np.concatenate(self.preds) if self.preds else np.zeros(0, dtype=np.int64)
+        truth = np.concatenate(self.truths) if self.truths else np.zeros(0, dtype=np.int64)
+        confs = np.concatenate(self.confs) if self.confs else np.zeros(0)
+        confusion = confusion_matrix(truth, pred, self.num_classes)
+        precision, recall = per_class_precision_recall(confusion)
+        ece, bin_conf, bin_acc, bin_count = reliability(confs, pred == truth)
+        return EvalMetrics(
+            accuracy=float(np.mean(pred == truth)) if len(truth) else 0.0,
+            macro_f1=macro_f1(confusion),
+            loss=self.loss_sum / max(len(truth), 1),
+            n=len(truth),
+            confusion=confusion.tolist(),
+            size_bytes=0,
+            precision=precision,
+            recall=recall,
+            ece=ece,
+            reliability_confidence=bin_conf,
+            reliability_accuracy=bin_acc,
+            reliability_count=bin_count,
+        )
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> EvalMetrics:
-    """Accuracy, macro-F1, mean loss and confusion matrix of `model` on (x, y)."""
-    return evaluate_batches(model, ((x[i : i + 1024], y[i : i + 1024]) for i in range(0, len(y), 1024)), num_classes)
+    """A classifier's metrics on (x, y), 1,024 rows at a time."""
+    rows = ((x[i : i + 1024], y[i : i + 1024]) for i in range(0, len(y), 1024))
+    evaluator = ClassificationEvaluator(num_classes)
+    model.eval()
+    for xb, yb in rows:
+        evaluator.update(model(xb), yb)
+    metrics = evaluator.result()
+    metrics.size_bytes = state_dict_bytes(model)
+    return metrics
 
 
 @torch.no_grad()
 def evaluate_batches(
-    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], num_classes: int
+    model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tensor]], objective: Any, context: Any
 ) -> EvalMetrics:
-    """The same metrics over batches as they come: memory holds a batch and, per row, the
-    prediction, the label and the top-class confidence."""
+    """The objective's metrics of `model` over batches as they come (one batch in memory at a
+    time), its samples (a language model's continuations), and the model's stored size.
+    `context` is the objective's ObjectiveContext."""
     model.eval()
-    loss_sum, preds, truths, confs = 0.0, [], [], []
+    evaluator = objective.evaluator(context)
+    pair = getattr(objective, "pair", None)
     for xb, yb in batches:
-        logits = model(xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        conf, top = torch.softmax(logits.float(), dim=1).max(dim=1)
-        preds.append(top.numpy())
-        confs.append(conf.numpy())
-        truths.append(yb.numpy())
-    pred, truth = np.concatenate(preds), np.concatenate(truths)
-    confusion = confusion_matrix(truth, pred, num_classes)
-    precision, recall = per_class_precision_recall(confusion)
-    ece, bin_conf, bin_acc, bin_count = reliability(np.concatenate(confs), pred == truth)
-    return EvalMetrics(
-        accuracy=float(np.mean(pred == truth)) if len(truth) else 0.0,
-        macro_f1=macro_f1(confusion),
-        loss=loss_sum / max(len(truth), 1),
-        n=len(truth),
-        confusion=confusion.tolist(),
-        size_bytes=state_dict_bytes(model),
-        precision=precision,
-        recall=recall,
-        ece=ece,
-        reliability_confidence=bin_conf,
-        reliability_accuracy=bin_acc,
-        reliability_count=bin_count,
-    )
+        if pair is not None:
+            xb, yb = pair(xb, yb)
+        evaluator.update(model(xb), yb)
+    metrics = evaluator.result()
+    samples = getattr(objective, "samples", None)
+    if samples is not None:
+        metrics.samples = dict(samples(model, context))
+    metrics.size_bytes = state_dict_bytes(model)
+    return metrics

@@ -216,21 +216,55 @@ class GatePlugin(Protocol):
     ) -> GateVerdict: ...
 
 
+@dataclass
+class ObjectiveContext:
+    """What an objective's evaluation and served model may need besides the model and batches."""
+
+    info: DatasetInfo
+    bytes_per_token: float = 0.0  # text: UTF-8 bytes a token of the training split (bits per byte)
+    tokenizer_json: str = ""  # text: the tokenizer (flyscale.data.text.from_json), to decode samples
+
+
+class Evaluator(Protocol):
+    """Metrics streamed over the test split's batches: memory holds what the metrics need, never
+    the split. `update` gets the model's outputs and the targets of one batch (after `pair`);
+    `result` returns flyscale.api.EvalMetrics with `objective`, `loss`, `n` and `values` set (a
+    classifier fills its own fields too)."""
+
+    def update(self, outputs: Any, targets: Any) -> None: ...
+
+    def result(self) -> Any: ...
+
+
 class ObjectivePlugin(Protocol):
-    """What training optimises and what its validation measures, for one kind of task.
+    """What training optimises, what evaluation measures, and what the served model returns.
 
     `loss(outputs, targets)`: the mean loss of a batch, what the optimizer follows.
     `score(outputs, targets)`: (summed loss, hits, count) of a batch, as 0-d tensors but count an
     int: validation sums them over batches and ranks, so its loss is the mean per counted target
     (an example, or a token) and its accuracy hits / count (the top-1 class, or next token).
+    `evaluator(context)`: a fresh Evaluator for the test split.
+    `metrics`: {name or glob: True when higher is better} of what the evaluator reports; the
+    gates may bound these (and `loss`, `size_bytes`, latencies), and `headline` is the one the
+    quantization's cost and the scaling study read.
     Optional `pair(x, y)`: what the model is given and what it is scored against, from a batch
     of the dataset (default: the inputs and the labels; a language model predicts each token
     from those before it: (x[:, :-1], x[:, 1:])).
+    Optional `samples(model, context)`: {prompt: what the model made of it}, shown in the Deck and
+    MLflow (a language model's continuation of fixed prompts).
+    Optional `with_options(options)`: the objective configured with its parsed options (an
+    instance of `options_type`); flyscale calls it once and uses what it returns.
+    `labelled` (default True): the dataset must have a label; a language model needs none.
     """
+
+    metrics: dict[str, bool]
+    headline: str
 
     def loss(self, outputs: Any, targets: Any) -> Any: ...
 
     def score(self, outputs: Any, targets: Any) -> tuple[Any, Any, int]: ...
+
+    def evaluator(self, context: ObjectiveContext) -> Evaluator: ...
 
 
 # What to change, for a method whose arguments changed since plugins were first written against it.
@@ -249,7 +283,8 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "shards": ["options"],
     },
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
-    "objectives": {"pair": ["x", "y"]},
+    "gates": {"reads": ["options"]},
+    "objectives": {"pair": ["x", "y"], "samples": ["model", "context"], "with_options": ["options"]},
 }
 
 # A method the Protocol declares that a plugin may leave out when it has the other:
@@ -266,7 +301,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
     "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
-    "objectives": {"options_type": None},
+    "objectives": {"options_type": None, "labelled": True},
 }
 
 # An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.

@@ -9,7 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from flyscale.config import ObjectiveConfig
 from flyscale.plugin import registry
+
+
+def of(cfg: ObjectiveConfig) -> Any:
+    """The configured objective: the plugin, bound to its options where it takes them."""
+    resolved = cfg.plugin
+    bind = getattr(resolved.plugin, "with_options", None)
+    return bind(resolved.options) if bind is not None and resolved.options is not None else resolved.plugin
 
 
 def default() -> Any:
