@@ -13,6 +13,7 @@ checkpoint holds), and `standard_step`, `make_optimizer` and `make_scheduler` (o
 built-in strategies take it).
 """
 
+from flyscale.data.fields import input_example
 from flyscale.data.schemas import default_row_schema
 from flyscale.evaluate.generation import generate
 from flyscale.evaluate.metrics import ClassificationEvaluator, EvalMetrics, higher_is_better
@@ -57,6 +58,7 @@ __all__ = [
     "EvalMetrics",
     "ClassificationEvaluator",
     "generate",
+    "input_example",
     "DistContext",
     "TrainData",
     "TrainResult",

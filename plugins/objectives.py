@@ -14,11 +14,13 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flyscale.api import ClassificationEvaluator, EvalMetrics, ObjectiveContext, generate
+from flyscale.api import ClassificationEvaluator, EvalMetrics, ObjectiveContext, generate, input_example
 
 
 class Classification:
@@ -38,16 +40,32 @@ class Classification:
     def evaluator(self, context: ObjectiveContext) -> ClassificationEvaluator:
         return ClassificationEvaluator(context.info.num_classes)
 
+    def example(self, context: ObjectiveContext) -> tuple[np.ndarray, None]:
+        return input_example(context.info), None
+
+    def predict(self, model: nn.Module, model_input, params: dict, context: ObjectiveContext) -> np.ndarray:
+        """Class probabilities, a row per example, for inputs of the declared shape."""
+        x = torch.as_tensor(np.asarray(model_input, dtype="float32"))
+        model.eval()
+        with torch.inference_mode():
+            return torch.softmax(model(x), dim=1).numpy()
+
 
 @dataclass
 class LanguageModelingOptions:
-    # Continued in the Deck and MLflow after evaluation (greedy, so a rerun shows the same text).
+    # Continued in the Deck and MLflow after evaluation, sampled at `temperature` with seed 0: the
+    # same weights show the same text. (Greedy decoding of a small model mostly loops on one word.)
     prompts: list[str] = field(default_factory=lambda: ["The "])
     sample_tokens: int = 80  # tokens generated after each prompt
+    # The served model's defaults, each overridable per request as an MLflow inference param.
+    max_new_tokens: int = 64
+    temperature: float = 0.8
 
     def __post_init__(self):
-        if self.sample_tokens < 0:
-            raise ValueError(f"sample_tokens must be >= 0, got {self.sample_tokens}")
+        if self.sample_tokens < 0 or self.max_new_tokens < 0:
+            raise ValueError("sample_tokens and max_new_tokens must be >= 0")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: always the likeliest token), got {self.temperature}")
 
 
 class TokenEvaluator:
@@ -128,17 +146,72 @@ class LanguageModeling:
         tokens = context.info.input()
         if not context.tokenizer_json or tokens is None:
             return {}
+
+        prompts = self.options.prompts
+        made = self.continue_text(model, prompts, self.options.sample_tokens, self.options.temperature, 0, context)
+        return dict(zip(prompts, made))
+
+    def continue_text(
+        self,
+        model: nn.Module,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int,
+        context: ObjectiveContext,
+    ) -> list[str]:
+        """Each prompt's continuation (the new text only). Prompts of the same length in tokens
+        are generated as one batch; an empty prompt starts from the end-of-text token."""
         from flyscale.data.text import from_json  # the tokenizer's library only where text is made
 
-        options = self.options
+        tokens = context.info.input()
+        if tokens is None or not context.tokenizer_json:
+            raise ValueError("a language model is served with its tokenizer; this one was registered without it")
         tokenizer = from_json(context.tokenizer_json)
         window = tokens.shape[0] - 1  # the model reads sequences less their last token
-        out = {}
-        for prompt in options.prompts:
-            ids = torch.as_tensor(tokenizer.encode_batch([prompt])[0], dtype=torch.long)[None, :]
-            made = generate(model, ids, options.sample_tokens, window, temperature=0)
-            out[prompt] = tokenizer.decode(made[0, ids.shape[1] :].tolist())
+        encoded = [ids if len(ids) else np.array([tokenizer.eot]) for ids in tokenizer.encode_batch(list(prompts))]
+        out = [""] * len(prompts)
+        generator = torch.Generator().manual_seed(seed)
+        by_length: dict[int, list[int]] = {}
+        for i, ids in enumerate(encoded):
+            by_length.setdefault(len(ids), []).append(i)
+        for length, rows in by_length.items():
+            batch = torch.as_tensor(np.stack([encoded[i] for i in rows]), dtype=torch.long)
+            made = generate(model, batch, max_new_tokens, window, temperature, generator)
+            for i, row in zip(rows, made[:, length:].tolist()):
+                out[i] = tokenizer.decode(row)
         return out
+
+    def example(self, context: ObjectiveContext) -> tuple[list[str], dict]:
+        """Prompts are one unnamed string column: MLflow then takes a string, a list of them, or
+        a one-column DataFrame."""
+        params = {"max_new_tokens": self.options.max_new_tokens, "temperature": self.options.temperature, "seed": 0}
+        return self.options.prompts[:1] or ["The "], params
+
+    def predict(self, model: nn.Module, model_input, params: dict, context: ObjectiveContext) -> list[str]:
+        """Text in, text out: prompts (one string, a list of them, or a DataFrame's one column)
+        and their continuations, in order. Params: max_new_tokens, temperature (0: greedy), seed."""
+        if isinstance(model_input, pd.DataFrame):
+            if model_input.shape[1] != 1:
+                raise ValueError(f"a language model takes one column of prompts, got {list(model_input.columns)}")
+            prompts = [str(p) for p in model_input.iloc[:, 0]]
+        elif isinstance(model_input, str):
+            prompts = [model_input]
+        else:
+            prompts = [str(p) for p in model_input]
+        unknown = set(params) - {"max_new_tokens", "temperature", "seed"}
+        if unknown:
+            raise ValueError(
+                f"unknown params {sorted(unknown)}: a language model takes max_new_tokens, temperature, seed"
+            )
+        return self.continue_text(
+            model,
+            prompts,
+            int(params.get("max_new_tokens", self.options.max_new_tokens)),
+            float(params.get("temperature", self.options.temperature)),
+            int(params.get("seed", 0)),
+            context,
+        )
 
 
 classification = Classification()

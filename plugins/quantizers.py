@@ -34,9 +34,24 @@ class DynamicInt8:
     options_type = None
 
     def quantize(self, model: nn.Module, options: None) -> nn.Module:
-        model = copy.deepcopy(model).eval()
+        model = _plain_linears(copy.deepcopy(model).eval())
         with _quiet():
-            return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+            return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def _plain_linears(model: nn.Module) -> nn.Module:
+    """Every subclass of nn.Linear that keeps its forward (one that only changes how weights are
+    initialised, as gpt's does) as a plain nn.Linear holding the same parameters. Dynamic
+    quantization swaps modules by exact type, so it would leave such a layer fp32, silently."""
+    for name, child in model.named_children():
+        kind = type(child)
+        if kind is not nn.Linear and isinstance(child, nn.Linear) and kind.forward is nn.Linear.forward:
+            plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None, device="meta")
+            plain.weight, plain.bias = child.weight, child.bias
+            setattr(model, name, plain)
+        else:
+            _plain_linears(child)
+    return model
 
 
 class _FlattenOp(nn.Module):

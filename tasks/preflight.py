@@ -19,9 +19,10 @@ from flyscale.cluster.launchers import (
     training_launcher,
     training_resources,
 )
-from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TrainConfig
+from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TokenizeConfig, TrainConfig
 from flyscale.data import source
 from flyscale.data.shards import Shards
+from flyscale.data.tokenize import planned_info
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model
@@ -44,12 +45,14 @@ def check_model(
     model_cfg: ModelConfig,
     cfg: TrainConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    tokenize: TokenizeConfig = TokenizeConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> ModelCheck:
     """Before any data work: build the model on the meta device (shapes, no weights) from what
     the dataset declares, and refuse one the training cannot train at the launcher's world size
     (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out; and
     refuse data without a label for an objective that needs one."""
-    info = source.info(data_cfg)
+    # Documents reach the model as the token sequences the tokenize step will make of them.
+    info = planned_info(source.info(data_cfg), tokenize)
     if not info.label_column and objective.plugin.attribute("labelled"):
         fields = ", ".join(str(f) for f in info.fields)
         raise ValueError(

@@ -6,6 +6,7 @@ computed and what it took from the cache."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 from flytekit import task
@@ -34,6 +35,7 @@ class Registered(NamedTuple):
 REGISTER_CACHE = code_cache(
     "models",
     "quantizers",
+    "objectives",
     facts={"mlflow_store": tracking_uri},
     libraries=(*LIBRARIES, "mlflow"),
     ignored_inputs=("runs", "data_runs", "started"),
@@ -76,6 +78,8 @@ def _publisher(name: str, publish: bool, doc: str):
             plots_dir=int8.plots.download(),
             runs=[*data_runs, *runs],
             started=started,
+            tokens=validated.tokens,
+            tokenizer_json=Path(validated.tokenizer.download()).read_text() if validated.tokenizer else "",
         )
         return Registered(summary=RunSummary.of(candidate, register(candidate, publish)), run=run.done())
 

@@ -8,7 +8,6 @@ import time
 import uuid
 
 import mlflow
-import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -240,9 +239,6 @@ def _files(tmp_path, seed: int = 0) -> tuple[run_log.ModelFiles, run_log.ModelFi
     )
 
 
-EXAMPLE = np.zeros((2, 4), dtype="float32")
-
-
 def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy, name, tmp_path):
     def int8_version(method: str, path: str, body: bytes) -> bool:
         return path.endswith("/model-versions/create") and f'"{name}-int8"'.encode() in body
@@ -250,7 +246,7 @@ def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy,
     proxy.rule = int8_version
     fp32, int8 = _files(tmp_path)
     with pytest.raises(MlflowUnavailable, match="MLflow failed while registering"):
-        tracking.publish(_record(ChampionRef(name, "champion")), fp32, int8, EXAMPLE, _cfg(name), "r", register=True)
+        tracking.publish(_record(ChampionRef(name, "champion")), fp32, int8, _cfg(name), "r", register=True)
     assert proxy.failed  # the fault was hit: the fp32 version existed when it struck
     client = MlflowClient(proxy.upstream)
     assert client.search_model_versions(f"name='{name}'") == []  # removed again
@@ -261,8 +257,8 @@ def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
     record.weights_sha256, record.data_sha256 = "same-weights", "same-data"
-    first = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "first", register=True)
-    again = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "again", register=True)
+    first = tracking.publish(record, fp32, int8, _cfg(name), "first", register=True)
+    again = tracking.publish(record, fp32, int8, _cfg(name), "again", register=True)
     assert (first.model_version, again.model_version) == ("1", "1") and again.reused and not first.reused
     assert [v.version for v in server.search_model_versions(f"name='{name}'")] == ["1"]
     assert [v.version for v in server.search_model_versions(f"name='{name}-int8'")] == ["1"]
@@ -282,7 +278,7 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
     record.data_sha256, record.reference_json = "data-a", reference_json(info, profile(frame, info))
-    out = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name), "r", register=True)
+    out = tracking.publish(record, fp32, int8, _cfg(name), "r", register=True)
     version = MlflowClient(uri).get_model_version(name, out.model_version)
     assert version.tags[mlflow_store.REFERENCE_URI_TAG].endswith("/data/reference.json")
     read = read_reference(_cfg(name), "", "data-b")
@@ -292,7 +288,7 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
 def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, name, tmp_path):
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
-    out = tracking.publish(record, fp32, int8, EXAMPLE, _cfg(name, promotion="manual"), "r", register=True)
+    out = tracking.publish(record, fp32, int8, _cfg(name, promotion="manual"), "r", register=True)
     assert not out.champion and "'challenger' -> v1" in out.promotion
     assert server.get_model_version_by_alias(name, "challenger").version == "1"
     assert "champion" not in server.get_registered_model(name).aliases

@@ -27,7 +27,9 @@ from workflows.data import dataset
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
     """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> quantize
     -> gate -> register (every gate passed) or record (one failed) -> summarize."""
-    model = check_model(data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective)
+    model = check_model(
+        data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
+    )
     fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
     train, val, test, validated, data_ran = dataset(
         cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text

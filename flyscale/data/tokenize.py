@@ -71,9 +71,12 @@ def make_tokenizer(train: Shards, info: DatasetInfo, cfg: TokenizeConfig) -> tex
     return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
 
 
-def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer, seq_len: int) -> DatasetInfo:
+def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq_len: int) -> DatasetInfo:
     """What the packed splits hold: one field of `seq_len` token ids within the vocabulary."""
-    tokens = FieldSpec(SEQUENCE_FIELD, "int32", [seq_len], range=[0, tokenizer.vocab_size - 1])
+    if isinstance(tokenizer, FieldSpec):
+        tokens = tokenizer
+    else:
+        tokens = FieldSpec(SEQUENCE_FIELD, "int32", [seq_len], range=[0, tokenizer.vocab_size - 1])
     return DatasetInfo(
         name=info.name,
         num_classes=0,
@@ -83,6 +86,18 @@ def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer, seq_len: int) -
         fields=[tokens],
         input_field=SEQUENCE_FIELD,
     )
+
+
+def planned_info(info: DatasetInfo, cfg: TokenizeConfig) -> DatasetInfo:
+    """What the packed splits will hold, known before any text is read: for a model checked
+    before the data work. A BPE's vocabulary is the configured size (a corpus too small for
+    that many merges gives fewer ids, which a model built for more still takes)."""
+    documents = info.input()
+    if documents is None or documents.dtype != "string":
+        return info
+    vocab = text.ByteTokenizer.vocab_size if cfg.tokenizer == "byte" else cfg.vocab_size
+    tokens = FieldSpec(SEQUENCE_FIELD, "int32", [cfg.seq_len], range=[0, vocab - 1])
+    return sequences_info(info, tokens, cfg.seq_len)
 
 
 def pack_split(

@@ -19,13 +19,13 @@ class Comparison:
 
     quantizer: str = ""
     accuracy_drop: float = 0.0  # fp32 accuracy - int8 accuracy (a classifier's)
+    size_ratio: float = 0.0  # fp32 size / int8 size
+    fp32_latency: LatencyReport = field(default_factory=LatencyReport)
+    int8_latency: LatencyReport = field(default_factory=LatencyReport)
     # What int8 costs on each of the objective's metrics, in the metric's units, positive when int8
     # is worse: {"perplexity_increase": 0.03, "r2_drop": 0.001}.
     costs: dict[str, float] = field(default_factory=dict)
     unit: str = "batch"  # what one timed call makes: a "batch" of predictions, or a generated "token"
-    size_ratio: float = 0.0  # fp32 size / int8 size
-    fp32_latency: LatencyReport = field(default_factory=LatencyReport)
-    int8_latency: LatencyReport = field(default_factory=LatencyReport)
 
     def speedup(self) -> dict[int, float]:
         """{batch size: fp32 p50 / int8 p50}."""

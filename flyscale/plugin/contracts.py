@@ -254,6 +254,10 @@ class ObjectivePlugin(Protocol):
     MLflow (a language model's continuation of fixed prompts).
     Optional `with_options(options)`: the objective configured with its parsed options (an
     instance of `options_type`); flyscale calls it once and uses what it returns.
+    Optional `predict(model, model_input, params, context)` and `example(context)`: what the
+    registered model returns for an input (MLflow pyfunc's `predict`, `params` its inference
+    params) and (an input example, default params or None), which its signature is inferred
+    from. Without them the served model takes float32 inputs and returns the raw outputs.
     `labelled` (default True): the dataset must have a label; a language model needs none.
     """
 
@@ -284,7 +288,13 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
     },
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
     "gates": {"reads": ["options"]},
-    "objectives": {"pair": ["x", "y"], "samples": ["model", "context"], "with_options": ["options"]},
+    "objectives": {
+        "pair": ["x", "y"],
+        "samples": ["model", "context"],
+        "with_options": ["options"],
+        "predict": ["model", "model_input", "params", "context"],
+        "example": ["context"],
+    },
 }
 
 # A method the Protocol declares that a plugin may leave out when it has the other:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
@@ -98,7 +99,10 @@ def evaluation_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison
     figures = "".join(
         f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{_png(f"{plots_dir}/{name}")}"/>'
         for alt, name in DECK_PLOTS.items()
+        if os.path.exists(f"{plots_dir}/{name}")  # what fits the objective was drawn
     )
+    if not fp32.classifier:
+        return _objective_html(fp32, int8, comparison, figures)
     rows = "".join(
         f"<tr><td>{label}</td><td>{m.accuracy:.4f}</td><td>{m.macro_f1:.4f}</td><td>{m.loss:.4f}</td>"
         f"<td>{m.ece:.4f}</td><td>{m.size_bytes / 1024:.1f}</td></tr>"
@@ -109,4 +113,31 @@ def evaluation_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison
         "<h3>Evaluation on the test split</h3><table><thead><tr><th>model</th><th>accuracy</th><th>macro-F1</th>"
         f"<th>loss</th><th>ECE</th><th>KiB</th></tr></thead><tbody>{rows}</tbody></table>"
         f"<h4>Latency, measured side by side</h4><ul>{latency}</ul>{figures}"
+    )
+
+
+def _objective_html(fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison, figures: str) -> str:
+    """The "Evaluation" Deck of an objective other than classification: its own metrics for both
+    models, what int8 costs, latency, the figures, and a language model's generated samples."""
+    names = list(fp32.values)
+    head = "".join(f"<th>{html.escape(n.replace('_', ' '))}</th>" for n in names)
+    rows = "".join(
+        f"<tr><td>{label}</td><td>{m.loss:.4f}</td>"
+        + "".join(f"<td>{m.values.get(n, float('nan')):.4f}</td>" for n in names)
+        + f"<td>{m.size_bytes / 1024:.1f}</td></tr>"
+        for label, m in (("fp32", fp32), (html.escape(comparison.quantizer), int8))
+    )
+    costs = "".join(f"<li>{html.escape(k.replace('_', ' '))}: {v:+.4f}</li>" for k, v in comparison.costs.items())
+    samples = "".join(
+        f"<p><b>{html.escape(label)}</b>, from <code>{html.escape(repr(p))}</code>:</p><pre>{html.escape(p + c)}</pre>"
+        for label, m in (("fp32", fp32), ("int8", int8))
+        for p, c in m.samples.items()
+    )
+    latency = "".join(f"<li>{html.escape(line)}</li>" for line in comparison.lines())
+    return (
+        f"<h3>Evaluation on the test split ({html.escape(fp32.objective)})</h3>"
+        f"<table><thead><tr><th>model</th><th>loss</th>{head}<th>KiB</th></tr></thead><tbody>{rows}</tbody></table>"
+        + (f"<h4>What int8 costs</h4><ul>{costs}</ul>" if costs else "")
+        + (f"<h4>Generated (sampled, seed 0)</h4>{samples}" if samples else "")
+        + f"<h4>Latency, measured side by side</h4><ul>{latency}</ul>{figures}"
     )

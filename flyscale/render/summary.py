@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from flyscale.data.source import DataFingerprint
+from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
@@ -56,6 +57,7 @@ class RunSummary:
     test_data: str = ""  # the test data against the champion's
     resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
     diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
+    tokens: TokenStats | None = None  # text: the tokenizer, the token counts and the unigram baseline
 
     @classmethod
     def of(cls, candidate: Candidate, registration: Registration) -> RunSummary:
@@ -73,7 +75,37 @@ class RunSummary:
             test_data=c.judgment.test_data,
             resumed=resumed(c.history),
             diagnosis=c.history.diagnosis,
+            tokens=c.tokens,
         )
+
+    def _models(self) -> list[str]:
+        """The test metrics of both models: a classifier's accuracy and macro-F1, or the objective's own."""
+        fp32, int8 = self.fp32, self.int8
+        ratio = f"{fp32.size_bytes / max(int8.size_bytes, 1):.2f}x smaller"
+        if fp32.classifier:
+            return [
+                f"  fp32        test accuracy {fp32.accuracy:.4f}  macro-F1 {fp32.macro_f1:.4f}  "
+                f"size {fp32.size_bytes / 1024:.1f} KiB",
+                f"  int8        test accuracy {int8.accuracy:.4f}  macro-F1 {int8.macro_f1:.4f}  "
+                f"size {int8.size_bytes / 1024:.1f} KiB  (drop {fp32.accuracy - int8.accuracy:+.4f}, {ratio})",
+            ]
+        costs = self.comparison.costs if self.comparison is not None else {}
+        shown = ", ".join(f"{k.replace('_', ' ')} {v:+.4f}" for k, v in costs.items())
+        lines = [
+            f"  fp32        test loss {fp32.loss:.4f}  {_values(fp32)}  size {fp32.size_bytes / 1024:.1f} KiB",
+            f"  int8        test loss {int8.loss:.4f}  {_values(int8)}  size {int8.size_bytes / 1024:.1f} KiB  "
+            f"({shown + ', ' if shown else ''}{ratio})",
+        ]
+        t = self.tokens
+        if t is not None and t.unigram_entropy_bits:
+            bits = fp32.values.get("bits_per_token", 0.0)
+            lines.append(
+                f"  baseline    unigram entropy {t.unigram_entropy_bits:.3f} bits a token (training split); the model's "
+                f"{bits:.3f} is {t.unigram_entropy_bits - bits:+.3f} below it"
+            )
+        for prompt, made in fp32.samples.items():
+            lines.append(f"  sample      {prompt + made!r}")
+        return lines
 
     def __str__(self) -> str:
         r, v = self.registration, self.validation
@@ -94,11 +126,8 @@ class RunSummary:
                 else ""
             ),
             f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
-            f"  fp32        test accuracy {self.fp32.accuracy:.4f}  macro-F1 {self.fp32.macro_f1:.4f}  "
-            f"size {self.fp32.size_bytes / 1024:.1f} KiB",
-            f"  int8        test accuracy {self.int8.accuracy:.4f}  macro-F1 {self.int8.macro_f1:.4f}  "
-            f"size {self.int8.size_bytes / 1024:.1f} KiB  (drop {self.fp32.accuracy - self.int8.accuracy:+.4f}, "
-            f"{self.fp32.size_bytes / max(self.int8.size_bytes, 1):.2f}x smaller)",
+            *(self.tokens.lines() if self.tokens is not None else []),
+            *self._models(),
         ]
         if self.resumed:
             lines.append(f"  training    {self.resumed}")
@@ -145,6 +174,11 @@ class RunSummary:
                 )
         lines.append(f"  mlflow ui   {_ui_command(r.tracking_uri, r.experiment_id)}")
         return "\n".join(lines)
+
+
+def _values(m: EvalMetrics) -> str:
+    """An objective's own metrics, in its order: "perplexity 8.1234  bits per byte 2.1234 ..."."""
+    return "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in m.values.items())
 
 
 def _counted(tasks: list[str]) -> str:

@@ -1,38 +1,41 @@
 """flyscale's models in MLflow, without pickle: a model from code.
 
-MLflow keeps this file as the model's code and two artifacts beside it: the weights as a
-state_dict (`weights`) and what rebuilds the architecture (`spec`: the model plugin and its
-options, the dataset info, and the quantizer that made an int8 model). Loading runs this file,
-builds the model through flyscale's plugins and loads the weights with `weights_only=True`, so
+MLflow keeps this file as the model's code and artifacts beside it: the weights as a state_dict
+(`weights`), what rebuilds the architecture (`spec`: the model plugin and its options, the
+dataset info, the objective, and the quantizer that made an int8 model) and, for a language
+model, its tokenizer (`tokenizer`). Loading runs this file, builds the model through flyscale's
+plugins and loads the weights with `weights_only=True`, so
 `mlflow.pyfunc.load_model("models:/flyscale-digits@champion")` works with
-MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. `predict` takes features (rows x features, float32)
-and returns class probabilities; `unwrap_python_model().model` is the torch module.
+MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. `predict` is the objective's: a classifier's takes
+features and returns class probabilities, a regressor's returns values, a language model's takes
+prompts (text) and returns their continuations, with `max_new_tokens` and `temperature` as
+params. `unwrap_python_model().model` is the torch module.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlflow
-import numpy as np
 from mlflow.pyfunc import PythonModel
 
-from flyscale.tracking.model_spec import build
+from flyscale.tracking.model_spec import build, objective_of
+from flyscale.tracking.serving import predict
 
 
 class FlyscaleModel(PythonModel):
-    """A trained flyscale classifier: features in, class probabilities out."""
+    """A trained flyscale model, served as its objective says."""
 
     def load_context(self, context) -> None:
         with open(context.artifacts["spec"]) as f:
-            self.model = build(json.load(f), context.artifacts["weights"])
+            spec = json.load(f)
+        self.model = build(spec, context.artifacts["weights"])
+        tokenizer = context.artifacts.get("tokenizer")
+        self.objective, self.context = objective_of(spec, Path(tokenizer).read_text() if tokenizer else "")
 
-    def predict(self, context, model_input: np.ndarray, params=None) -> np.ndarray:
-        import torch
-
-        x = torch.as_tensor(np.asarray(model_input, dtype="float32"))
-        with torch.inference_mode():
-            return torch.softmax(self.model(x), dim=1).numpy()
+    def predict(self, context, model_input, params=None):
+        return predict(self.objective, self.model, model_input, params, self.context)
 
 
 mlflow.models.set_model(FlyscaleModel())

@@ -1,26 +1,36 @@
 """What rebuilds a flyscale model from its weights: the model plugin and its options, the
-dataset info, and the quantizer that made an int8 model. Stored as JSON beside the state_dict
-in MLflow (flyscale/tracking/model_code.py), so no model is ever pickled."""
+dataset info, the objective (what the served model takes and returns), and the quantizer that
+made an int8 model. Stored as JSON beside the state_dict in MLflow
+(flyscale/tracking/model_code.py), so no model is ever pickled. A language model's tokenizer is
+an artifact of its own beside them."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from typing import Any
 
 from torch import nn
 
 from flyscale import model as artifacts
-from flyscale.config import ModelConfig, QuantizeConfig
+from flyscale.config import ModelConfig, ObjectiveConfig, QuantizeConfig
 from flyscale.evaluate.quantize import rebuild_quantized
-from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext, as_dataset_info
 
 
-def spec_json(model_cfg: ModelConfig, info: DatasetInfo, quantize_cfg: QuantizeConfig | None) -> str:
+def spec_json(
+    model_cfg: ModelConfig,
+    info: DatasetInfo,
+    quantize_cfg: QuantizeConfig | None,
+    objective_cfg: ObjectiveConfig | None = None,
+) -> str:
     """What rebuilds the architecture: plain JSON, written by the register task."""
+    objective = objective_cfg or ObjectiveConfig()
     return json.dumps(
         {
             "model": {"name": model_cfg.name, "options": model_cfg.options},
             "info": asdict(info),
+            "objective": {"name": objective.name, "options": objective.options},
             "quantizer": None if quantize_cfg is None else {"name": quantize_cfg.name, "options": quantize_cfg.options},
         },
         sort_keys=True,
@@ -34,3 +44,13 @@ def build(spec: dict, weights_path: str) -> nn.Module:
     if spec.get("quantizer"):
         model = rebuild_quantized(model, QuantizeConfig(**spec["quantizer"]), info)
     return artifacts.load_state(model, weights_path)
+
+
+def objective_of(spec: dict, tokenizer_json: str = "") -> tuple[Any, ObjectiveContext]:
+    """The spec's objective, configured, and its context (a model registered before objectives
+    existed is a classifier)."""
+    from flyscale.train.objective import of
+
+    given = spec.get("objective") or {"name": "classification", "options": {}}
+    info = as_dataset_info(spec["info"], "the registered model's spec")
+    return of(ObjectiveConfig(**given)), ObjectiveContext(info, tokenizer_json=tokenizer_json)

@@ -14,8 +14,6 @@ import logging
 import tempfile
 from dataclasses import dataclass
 
-import numpy as np
-
 from flyscale.config import MlflowConfig
 from flyscale.tracking import champion
 from flyscale.tracking.champion import Promotion
@@ -73,7 +71,6 @@ def publish(
     record: RunRecord,
     fp32: ModelFiles,
     int8: ModelFiles,
-    example: np.ndarray,
     cfg: MlflowConfig,
     name: str,
     register: bool,
@@ -82,12 +79,10 @@ def publish(
     weights) and move the alias by compare-and-set, or set the challenger alias for a person to
     promote. A failed candidate is logged, with its models, and registered as no version."""
     with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
-        return _publish(record, fp32, int8, example, cfg, name, register)
+        return _publish(record, fp32, int8, cfg, name, register)
 
 
-def _publish(
-    record, fp32: ModelFiles, int8: ModelFiles, example, cfg: MlflowConfig, name: str, register: bool
-) -> Registration:
+def _publish(record, fp32: ModelFiles, int8: ModelFiles, cfg: MlflowConfig, name: str, register: bool) -> Registration:
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -117,7 +112,7 @@ def _publish(
         try:
             log_run(record, passed, epochs_logged=bool(live))
             # Log both models before registering either: a failure here leaves no version behind.
-            infos = [log_model(fp32, "model", example, tmp), log_model(int8, "model_int8", example, tmp)]
+            infos = [log_model(fp32, "model", tmp), log_model(int8, "model_int8", tmp)]
             if not register:
                 failed = "; ".join(f"{v.name}: {v.reason}" for v in record.verdicts if not v.passed)
                 promotion = Promotion(False, f"not registered: a gate failed ({failed})")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from flyscale import settings
 from flyscale.config import PipelineConfig, effective, flatten
-from flyscale.data import fields
 from flyscale.data.reference import Profile, reference_json
 from flyscale.data.source import DataFingerprint
+from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.gating import Judgment
@@ -80,17 +80,20 @@ class Candidate:
     plots_dir: str
     runs: list[TaskRun]  # every cached task's stamp: which ran now and which came from the cache
     started: TaskRun  # the execution's first stamp
+    tokens: TokenStats | None = None  # text: how the documents became token sequences
+    tokenizer_json: str = ""  # text: the tokenizer the served model carries
 
 
 def register(candidate: Candidate, publish: bool) -> Registration:
     """Log the run to MLflow with both models; when `publish` (every gate passed) register them
     and move the alias if the champion is still the one the verdicts were judged against."""
     c, cfg = candidate, candidate.cfg
-    fp32 = run_log.ModelFiles(c.weights_path, spec_json(cfg.model, c.info, None))
-    int8 = run_log.ModelFiles(c.int8_weights_path, spec_json(cfg.model, c.info, cfg.quantize))
-    example = fields.input_example(c.info)
+    fp32 = run_log.ModelFiles(c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json)
+    int8 = run_log.ModelFiles(
+        c.int8_weights_path, spec_json(cfg.model, c.info, cfg.quantize, cfg.objective), c.tokenizer_json
+    )
     name = run_name(cfg.model.name, c.history.strategy, c.history.world_size, c.fingerprint.value, c.started.started_at)
-    return tracking.publish(run_record(c), fp32, int8, example, cfg.mlflow, name, register=publish)
+    return tracking.publish(run_record(c), fp32, int8, cfg.mlflow, name, register=publish)
 
 
 def run_record(c: Candidate) -> run_log.RunRecord:

@@ -112,9 +112,10 @@ def continued_run(client, history: TrainHistory) -> str:
     return history.mlflow_run_id if run.info.status == "RUNNING" else ""
 
 
-def _pip_requirements() -> list[str]:
+def _pip_requirements(tokenizer: bool = False) -> list[str]:
     # Naming them skips MLflow's slow requirement inference; the +cpu label is not on PyPI.
-    return [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={_version('mlflow')}"]
+    named = [f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={_version('mlflow')}"]
+    return [*named, f"tokenizers=={_version('tokenizers')}"] if tokenizer else named
 
 
 def _version(dist: str) -> str:
@@ -158,7 +159,7 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
             **record.fp32.scalars("test_"),
             **record.int8.scalars("int8_test_"),
             **{_metric_name(k): v for k, v in record.metrics.items()},
-            "int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy,
+            **({"int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy} if record.fp32.classifier else {}),
             "validation_total_rows": record.validation.total_rows,
             "validation_valid_rows": record.validation.valid_rows,
             "validation_quarantined_rows": record.validation.quarantined_rows,
@@ -183,6 +184,16 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
+    for label, model in (("fp32", record.fp32), ("int8", record.int8)):
+        if model.samples:  # a language model's continuations of fixed prompts, as a table and as text
+            import pandas as pd
+
+            made = [{"prompt": p, "continuation": c} for p, c in model.samples.items()]
+            mlflow.log_table(pd.DataFrame(made), f"samples/{label}.json")
+            mlflow.log_text("\n\n".join(f"{p}{c}" for p, c in model.samples.items()), f"samples/{label}.txt")
+    if record.fp32.samples:
+        prompt, continuation = next(iter(record.fp32.samples.items()))
+        mlflow.set_tag("flyscale.sample", (prompt + continuation)[:250])
     if record.plots_dir:
         # The files the quantize task drew (and showed in its Deck): logged, not drawn again.
         mlflow.log_artifacts(record.plots_dir, artifact_path="plots")
@@ -202,31 +213,41 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
 
 @dataclass
 class ModelFiles:
-    """One model as flyscale logs it: its weights (a state_dict file) and what rebuilds it."""
+    """One model as flyscale logs it: its weights (a state_dict file), what rebuilds it, and a
+    language model's tokenizer (its JSON; "" for none)."""
 
     weights_path: str
     spec_json: str  # flyscale/tracking/model_spec.py
+    tokenizer_json: str = ""
 
 
-def log_model(files: ModelFiles, name: str, example: np.ndarray, tmp: str):
-    """A pickle-free MLflow model: flyscale/tracking/model_code.py as its code, weights and spec as
-    artifacts, with a signature and an input example. Returns the ModelInfo (a LoggedModel)."""
+def log_model(files: ModelFiles, name: str, tmp: str):
+    """A pickle-free MLflow model: flyscale/tracking/model_code.py as its code, weights, spec and
+    tokenizer as artifacts, with the signature, input example and inference params its objective
+    gives (flyscale/tracking/serving.py). Returns the ModelInfo (a LoggedModel)."""
     import mlflow
     from mlflow.models import infer_signature
 
     from flyscale.tracking import model_code as mlflow_model
-    from flyscale.tracking.model_spec import build
+    from flyscale.tracking import serving
+    from flyscale.tracking.model_spec import build, objective_of
 
-    spec = Path(tmp) / f"{name}_spec.json"
-    spec.write_text(files.spec_json)
-    probabilities = mlflow_model.FlyscaleModel()
-    probabilities.model = build(json.loads(files.spec_json), files.weights_path)
-    signature = infer_signature(example, probabilities.predict(None, example))
+    spec_file = Path(tmp) / f"{name}_spec.json"
+    spec_file.write_text(files.spec_json)
+    artifacts = {"weights": files.weights_path, "spec": str(spec_file)}
+    if files.tokenizer_json:
+        tokenizer_file = Path(tmp) / f"{name}_tokenizer.json"
+        tokenizer_file.write_text(files.tokenizer_json)
+        artifacts["tokenizer"] = str(tokenizer_file)
+    spec = json.loads(files.spec_json)
+    objective, context = objective_of(spec, files.tokenizer_json)
+    example, params = serving.example(objective, context)
+    answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
     return mlflow.pyfunc.log_model(
         name=name,
         python_model=mlflow_model.__file__,
-        artifacts={"weights": files.weights_path, "spec": str(spec)},
-        signature=signature,
-        input_example=example,
-        pip_requirements=_pip_requirements(),
+        artifacts=artifacts,
+        signature=infer_signature(example, answer, params),
+        input_example=(example, params) if params else example,
+        pip_requirements=_pip_requirements(bool(files.tokenizer_json)),
     )
