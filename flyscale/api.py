@@ -16,7 +16,7 @@ built-in strategies take it).
 from flyscale.data.fields import input_example
 from flyscale.data.schemas import default_row_schema
 from flyscale.evaluate.generation import generate
-from flyscale.evaluate.metrics import ClassificationEvaluator, EvalMetrics, higher_is_better
+from flyscale.evaluate.metrics import PLOTTED, ClassificationEvaluator, EvalMetrics, higher_is_better
 from flyscale.plugin.contracts import (
     SOURCE_FILE,
     SOURCE_KEY,
@@ -59,6 +59,7 @@ __all__ = [
     "ClassificationEvaluator",
     "generate",
     "input_example",
+    "PLOTTED",
     "DistContext",
     "TrainData",
     "TrainResult",

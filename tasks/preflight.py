@@ -21,6 +21,7 @@ from flyscale.cluster.launchers import (
 )
 from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TokenizeConfig, TrainConfig
 from flyscale.data import source
+from flyscale.data.example_checks import real_target
 from flyscale.data.shards import Shards
 from flyscale.data.tokenize import planned_info
 from flyscale.flyte.caching import code_cache
@@ -59,6 +60,18 @@ def check_model(
             f"dataset {data_cfg.dataset!r} has no label ({fields}), and objective {objective.name!r} needs one. "
             "For text, set `objective: {name: language_modeling}`; to look at the data without training, "
             "`pyflyte run workflows/data.py prepare_data --cfg ...`"
+        )
+    if objective.plugin.attribute("real_valued") and real_target(info) is None:
+        label = next((f for f in info.fields if f.name == info.label_column), None)
+        raise ValueError(
+            f"objective {objective.name!r} needs a real-valued target, a float label field (such as "
+            f"target: float32); dataset {data_cfg.dataset!r} has "
+            + (
+                f"{label}"
+                if label is not None
+                else f"the label column {info.label_column!r} of a table, read as class ids"
+            )
+            + ". Declare the target as a float field of typed examples (docs/regression.md)"
         )
     model = build_model(model_cfg, info, meta=True)
     world_size = planned_world_size()

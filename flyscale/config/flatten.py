@@ -13,7 +13,7 @@ from flyscale.config.plugins import plain
 def effective(cfg: PipelineConfig) -> dict[str, Any]:
     """The config as a nested dict, each plugin's options filled in with the plugin's defaults."""
     out = asdict(cfg)
-    for section in ("data", "model", "train", "quantize"):
+    for section in ("data", "model", "objective", "train", "quantize"):
         out[section]["options"] = plain(getattr(cfg, section).plugin.options)
     out["gate"]["gates"] = [{"name": g.name, "options": plain(g.plugin.options)} for g in cfg.gate.gates]
     out["augment"]["options"] = {r.name: plain(r.options) for r in cfg.augment.plugins if r.options is not None}

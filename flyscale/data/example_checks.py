@@ -1,10 +1,11 @@
 """Checking a batch of typed examples field by field, vectorised over the batch's Arrow columns.
 
 Each field is decoded once (an encoded image by PIL, a document from UTF-8) and checked by kind:
-presence, dtype and shape, finiteness and range, decodability, empty documents, the label's
-domain. An example that fails a check gets a reason naming the field, the check and what was
-found (`image: shape [3, 32, 32] (got [3, 28, 28])`); the others go on. What two examples are
-compared by, to find duplicates, is also decided here: the decoded values of every field.
+presence, dtype and shape, finiteness and range, decodability, empty documents, a class label's
+domain (a real-valued target is checked as any other number). An example that fails a check gets
+a reason naming the field, the check and what was found (`image: shape [3, 32, 32] (got [3, 28,
+28])`); the others go on. What two examples are compared by, to find duplicates, is also decided
+here: the decoded values of every field.
 """
 
 from __future__ import annotations
@@ -55,11 +56,19 @@ def check_batch(table: pa.Table, info: DatasetInfo, where: str) -> Checked:
     checked = Checked(table.num_rows)
     for f in info.fields:
         check_field(table.column(f.name).combine_chunks(), f, checked)
-    if info.label_column:
+    # A class must be one of 0..num_classes-1; a real-valued target is checked as any field is
+    # (finite, and inside its range where it declares one), above.
+    if info.label_column and real_target(info) is None:
         labels, top = checked.values[info.label_column], info.num_classes - 1
         outside = (labels < 0) | (labels > top)
         checked.fail(outside, lambda i: f"{info.label_column}: in_range(0, {top}) (got {labels[i]})")
     return checked
+
+
+def real_target(info: DatasetInfo) -> FieldSpec | None:
+    """The label's field when it holds real values (a regression target), not a class; else None."""
+    label = next((f for f in info.fields if f.name == info.label_column), None) if info.label_column else None
+    return label if label is not None and label.dtype.startswith("float") else None
 
 
 def check_field(column: pa.Array, field: FieldSpec, checked: Checked) -> None:

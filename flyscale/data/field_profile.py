@@ -7,7 +7,9 @@ shard by shard: what drift is measured on and what the report draws.
   (`text[bytes]`, 256 bins: the byte-level tokenizer's distribution);
 - a variable-length sequence: its length (`tokens[length]`);
 - any other numeric field with a declared range: its values on 16 bins of the range;
-- the label: counts per class.
+- the label: counts per class; a real-valued target (regression) instead its values
+  (`target[values]`), on 16 bins of its range where it declares one, else on signed
+  half-octaves (TARGET_EDGES), and drift is measured on them as on a feature's.
 
 Every histogram has fixed edges, so the counts of any two batches, shards or runs add up and
 compare bin for bin (PSI against the champion's profile).
@@ -18,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from flyscale.data import drift
+from flyscale.data.example_checks import real_target
 from flyscale.data.reference import FeatureProfile, Profile
 from flyscale.plugin.contracts import DatasetInfo, FieldSpec
 
@@ -25,6 +28,10 @@ INTENSITY_EDGES = np.arange(11) * 25.6  # ten bins of a uint8 channel: value * 1
 LENGTH_EDGES = np.concatenate([[0], 2.0 ** np.arange(0, 21)])  # 1, 2, 4, ... 1M elements
 BYTE_EDGES = np.arange(257) - 0.5
 VALUE_BINS = 16
+# A target with no declared range: the same edges whatever the data, so that any two profiles
+# add up and compare. Half-octaves (x1.41) of magnitude from 2**-10 to 2**30, either side of 0.
+_MAGNITUDES = 2.0 ** (np.arange(-20, 61) / 2)
+TARGET_EDGES = np.concatenate([-_MAGNITUDES[::-1], [0.0], _MAGNITUDES])
 
 
 def edges_of(field: FieldSpec) -> dict[str, np.ndarray]:
@@ -41,22 +48,35 @@ def edges_of(field: FieldSpec) -> dict[str, np.ndarray]:
     return {}
 
 
+def target_edges(field: FieldSpec) -> dict[str, np.ndarray]:
+    """{histogram name: its edges} of a real-valued target: its range's, or TARGET_EDGES."""
+    if field.range is not None:
+        return {f"{field.name}[values]": np.linspace(field.range[0], field.range[1], VALUE_BINS + 1)}
+    return {f"{field.name}[values]": TARGET_EDGES}
+
+
 class Profiler:
-    """Counts of every histogram `edges_of` gives, and of the labels, as batches are added."""
+    """Counts of every histogram `edges_of` gives, and of the labels (or the values of a
+    real-valued target), as batches are added."""
 
     def __init__(self, info: DatasetInfo):
         self.info = info
         self.fields = [f for f in info.fields if f.name != info.label_column]
+        self.edges = {f.name: edges_of(f) for f in self.fields}
+        self.target = real_target(info)
+        if self.target is not None:  # profiled as a feature is: its values, not counts per class
+            self.fields.append(self.target)
+            self.edges[self.target.name] = target_edges(self.target)
         self.counts: dict[str, np.ndarray] = {}
-        self.labels = np.zeros(max(info.num_classes, 0), dtype="int64")
+        self.labels = np.zeros(max(info.num_classes, 0) if self.target is None else 0, dtype="int64")
         self.rows = 0
 
     def add(self, values: dict[str, np.ndarray], sign: int = 1) -> None:
         """Count a batch's examples (sign -1 takes back examples counted before)."""
         for f in self.fields:
-            for name, counts in _histograms(f, values[f.name]).items():
+            for name, counts in _histograms(f, values[f.name], self.edges[f.name]).items():
                 self.counts[name] = self.counts.get(name, 0) + sign * np.asarray(counts, dtype="int64")
-        if self.info.label_column:
+        if self.info.label_column and self.target is None:
             labels = values[self.info.label_column]
             self.labels += sign * np.bincount(labels, minlength=len(self.labels))[: len(self.labels)]
         self.rows += sign * len(next(iter(values.values())))
@@ -64,15 +84,14 @@ class Profiler:
     def profile(self) -> Profile:
         features = {}
         for f in self.fields:
-            for name, edges in edges_of(f).items():
+            for name, edges in self.edges[f.name].items():
                 counts = self.counts.get(name, np.zeros(len(edges) - 1, dtype="int64"))
                 features[name] = FeatureProfile(edges=[float(e) for e in edges], counts=[int(c) for c in counts])
         labels = {str(k): int(c) for k, c in enumerate(self.labels)}
         return Profile(rows=int(self.rows), features=features, labels=labels)
 
 
-def _histograms(field: FieldSpec, v: np.ndarray) -> dict[str, list[int]]:
-    edges = edges_of(field)
+def _histograms(field: FieldSpec, v: np.ndarray, edges: dict[str, np.ndarray]) -> dict[str, list[int]]:
     if not edges or len(v) == 0:
         return {name: [0] * (len(e) - 1) for name, e in edges.items()}
     if field.dtype == "string":

@@ -136,7 +136,7 @@ class StreamingShards(IterableDataset):
         rng = np.random.default_rng([self.seed, epoch, self.rank, worker])
         key = (epoch, self.rank, worker)
         buf_x = self.reader.empty()  # as stored (uint8 images: a quarter of float32's memory)
-        buf_y = np.empty(0, dtype="int64")
+        buf_y = np.empty(0, dtype=self.reader.label_dtype)  # class ids, or float32 targets
         emitted = 0
         for unit, first, end in pieces:
             if emitted >= quota:

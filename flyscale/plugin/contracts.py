@@ -259,6 +259,8 @@ class ObjectivePlugin(Protocol):
     params) and (an input example, default params or None), which its signature is inferred
     from. Without them the served model takes float32 inputs and returns the raw outputs.
     `labelled` (default True): the dataset must have a label; a language model needs none.
+    `real_valued` (default False): the label must be a float field (a regression target), not a
+    class id; the reader then reads it as float32.
     """
 
     metrics: dict[str, bool]
@@ -311,7 +313,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
     "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
-    "objectives": {"options_type": None, "labelled": True},
+    "objectives": {"options_type": None, "labelled": True, "real_valued": False},
 }
 
 # An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.

@@ -88,6 +88,7 @@ DECK_PLOTS = {
     "fp32 confusion": plots.CONFUSION_FP32,
     "int8 confusion": plots.CONFUSION_INT8,
     "reliability": plots.RELIABILITY,
+    "residuals": plots.RESIDUALS,
     "latency": plots.LATENCY,
 }
 

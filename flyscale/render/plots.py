@@ -1,7 +1,8 @@
-"""The run's figures: confusion matrices, reliability diagram, learning curves, latency against batch size.
+"""The run's figures: confusion matrices, reliability diagram, learning curves, latency against batch size,
+and a regressor's residuals.
 
 Each function writes a PNG and returns the Figure (for a caller that inspects it). `draw_run`
-draws every figure of a run once, into one folder: the quantize task shows them in its Deck and
+draws every figure that fits the run's objective once, into one folder (`run_plots` names them): the quantize task shows them in its Deck and
 hands the folder on, and the register task logs those very files to MLflow (rendering a figure
 costs a good part of a second; drawing each twice cost every run seconds).
 
@@ -27,7 +28,17 @@ DPI = 110
 # The run's figures by file name: their names under the MLflow run's plots/ too.
 CONFUSION_FP32, CONFUSION_INT8 = "confusion_fp32.png", "confusion_int8.png"
 RELIABILITY, LEARNING_CURVES, LATENCY = "reliability_fp32.png", "learning_curves.png", "latency.png"
-RUN_PLOTS = (CONFUSION_FP32, CONFUSION_INT8, RELIABILITY, LEARNING_CURVES, LATENCY)
+RUN_PLOTS = (CONFUSION_FP32, CONFUSION_INT8, RELIABILITY, LEARNING_CURVES, LATENCY)  # a classifier's
+RESIDUALS = "residuals_fp32.png"
+
+
+def run_plots(objective: str) -> tuple[str, ...]:
+    """The figures `draw_run` draws for a run of `objective`, by file name: a classifier's
+    (RUN_PLOTS), a regressor's residuals, and for every objective the learning curves and latency."""
+    if objective == "classification":
+        return RUN_PLOTS
+    own = (RESIDUALS,) if objective == "regression" else ()
+    return (*own, LEARNING_CURVES, LATENCY)
 
 
 def figure(**kwargs) -> Figure:
@@ -54,11 +65,20 @@ def _nothing_to_plot(fig: Figure, path: str, what: str) -> Figure:
 
 
 def draw_run(folder: str, fp32: EvalMetrics, int8: EvalMetrics, comparison: Comparison, history: TrainHistory) -> str:
-    """Every figure of a run (RUN_PLOTS), each drawn once, as PNGs in `folder`; returns `folder`."""
-    confusion_matrix(fp32.confusion, "fp32 test confusion", f"{folder}/{CONFUSION_FP32}")
-    confusion_matrix(int8.confusion, "int8 test confusion", f"{folder}/{CONFUSION_INT8}")
-    reliability_diagram(fp32, "fp32 reliability", f"{folder}/{RELIABILITY}")
-    learning_curves(history, f"{folder}/{LEARNING_CURVES}")
+    """Every figure of a run that fits its objective (`run_plots(fp32.objective)`), each drawn
+    once, as PNGs in `folder`; returns `folder`. A confusion matrix or a reliability diagram
+    means nothing without classes: only a classifier's run has them, and a regressor's has its
+    residuals instead."""
+    if fp32.classifier:
+        confusion_matrix(fp32.confusion, "fp32 test confusion", f"{folder}/{CONFUSION_FP32}")
+        confusion_matrix(int8.confusion, "int8 test confusion", f"{folder}/{CONFUSION_INT8}")
+        reliability_diagram(fp32, "fp32 reliability", f"{folder}/{RELIABILITY}")
+    elif fp32.objective == "regression":
+        residual_plot(fp32, "fp32 test residuals", f"{folder}/{RESIDUALS}")
+    # Validation counts hits for a classifier (and a language model's next token); an objective
+    # without classes has none, and a panel of zeros would read as a model that never learned.
+    hits = fp32.classifier or any(m.val_accuracy > 0 for m in history.epochs)
+    learning_curves(history, f"{folder}/{LEARNING_CURVES}", accuracy=hits)
     latency_plot(
         {"fp32": comparison.fp32_latency, f"int8 ({comparison.quantizer})": comparison.int8_latency},
         f"{folder}/{LATENCY}",
@@ -118,26 +138,65 @@ def reliability_diagram(metrics: EvalMetrics, title: str, path: str) -> Figure:
     return _save(fig, path)
 
 
-def learning_curves(history: TrainHistory, path: str) -> Figure:
-    """Training and validation loss, and validation accuracy (training accuracy where tracked), per epoch."""
-    fig = figure(figsize=(9, 3.8))
+def learning_curves(history: TrainHistory, path: str, accuracy: bool = True) -> Figure:
+    """Training and validation loss, and validation accuracy (training accuracy where tracked), per
+    epoch; the loss alone without `accuracy` (an objective that counts no hits)."""
+    fig = figure(figsize=(9 if accuracy else 5, 3.8))
     if not history.epochs:
         return _nothing_to_plot(fig, path, "no epochs recorded")
-    loss_ax, acc_ax = fig.subplots(1, 2)
+    loss_ax, acc_ax = fig.subplots(1, 2) if accuracy else (fig.subplots(), None)
     epochs = [m.epoch + 1 for m in history.epochs]
     loss_ax.plot(epochs, [m.train_loss for m in history.epochs], "o-", label="train loss")
     loss_ax.plot(epochs, [m.val_loss for m in history.epochs], "s-", label="val loss")
     loss_ax.set(xlabel="epoch", ylabel="loss", title="loss")
+    if acc_ax is None:
+        _curve_style(loss_ax)
+        fig.suptitle(f"{history.strategy}, world size {history.world_size}", fontsize=10)
+        return _save(fig, path)
     acc_ax.plot(epochs, [m.val_accuracy for m in history.epochs], "s-", color="tab:orange", label="val accuracy")
     tracked = [(e, m.train_accuracy) for e, m in zip(epochs, history.epochs) if m.train_accuracy is not None]
     if tracked:  # None: not measured, so not drawn as zero
         acc_ax.plot(*zip(*tracked), "o-", color="tab:blue", label="train accuracy")
     acc_ax.set(xlabel="epoch", ylabel="accuracy", title="accuracy")
     for ax in (loss_ax, acc_ax):
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        _curve_style(ax)
     fig.suptitle(f"{history.strategy}, world size {history.world_size}", fontsize=10)
+    return _save(fig, path)
+
+
+def _curve_style(ax) -> None:
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+
+
+def residual_plot(metrics: EvalMetrics, title: str, path: str) -> Figure:
+    """A regressor's first target: predicted against actual (on the diagonal when right), and the
+    residual (actual - predicted) against the prediction (a trend or a funnel there is error the
+    model could still explain). From the sample of pairs the evaluation kept (at most PLOTTED)."""
+    fig = figure(figsize=(10, 4.2))
+    if not metrics.predicted:
+        return _nothing_to_plot(fig, path, f"{title}\nno predictions kept")
+    fit_ax, res_ax = fig.subplots(1, 2)
+    predicted, actual = metrics.predicted, metrics.actual
+    residual = [a - p for p, a in zip(predicted, actual)]
+    low, high = min(min(predicted), min(actual)), max(max(predicted), max(actual))
+    fit_ax.scatter(actual, predicted, s=10, alpha=0.6, color="tab:blue", edgecolors="none")
+    fit_ax.plot([low, high], [low, high], "k--", linewidth=1, label="predicted = actual")
+    r2 = metrics.values.get("r2")
+    fit_ax.set(
+        xlabel="actual",
+        ylabel="predicted",
+        title="predicted against actual" + (f"  (R² {r2:.3f})" if r2 is not None else ""),
+    )
+    fit_ax.legend(loc="upper left", fontsize=8)
+    res_ax.scatter(predicted, residual, s=10, alpha=0.6, color="tab:orange", edgecolors="none")
+    res_ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+    res_ax.set(xlabel="predicted", ylabel="residual (actual - predicted)", title="residuals")
+    for ax in (fit_ax, res_ax):
+        ax.grid(alpha=0.3)
+    shown = f"{len(predicted)} of {metrics.n}" if len(predicted) < metrics.n else f"all {metrics.n}"
+    fig.suptitle(f"{title}: {shown} test examples", fontsize=10)
     return _save(fig, path)
 
 
