@@ -7,6 +7,7 @@ from benchmarks import (
     bench_data_parallel,
     bench_dataloader,
     bench_ddp,
+    bench_gpt,
     bench_images,
     bench_overhead,
     bench_pipeline,
@@ -33,6 +34,7 @@ if __name__ == "__main__":
         bench_checkpoint,
         bench_images,
         bench_text,
+        bench_gpt,
     ):
         bench.main()
         print()
