@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import itertools
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from pydoc_data.topics import topics
 from typing import Any
 
@@ -231,15 +233,48 @@ def generation_seconds(generators: dict[str, Callable[[int], Any]], tokens: int,
     return interleaved({name: timed(fn) for name, fn in generators.items()}, rounds)
 
 
+def served(model: nn.Module, folder: str) -> Callable[[str, int], list[str]]:
+    """The model as the register task logs it (flyscale/tracking/model_code.py, its weights, spec and
+    tokenizer as artifacts), saved to `folder` and loaded back with mlflow.pyfunc.load_model: its
+    predict(prompt, params) is what a user of the registered model calls."""
+    import mlflow
+
+    from flyscale.config import ObjectiveConfig
+    from flyscale.model import save_state
+    from flyscale.tracking import model_code
+    from flyscale.tracking.model_spec import spec_json
+
+    spec = Path(folder) / "spec.json"
+    spec.write_text(
+        spec_json(
+            ModelConfig(name="gpt", options=OPTIONS), sequences_info(), None, ObjectiveConfig("language_modeling")
+        )
+    )
+    tokenizer = Path(folder) / "tokenizer.json"
+    tokenizer.write_text(ByteTokenizer().to_json())
+    path = str(Path(folder) / "model")
+    artifacts = {"weights": save_state(model, "bench_gpt.pt"), "spec": str(spec), "tokenizer": str(tokenizer)}
+    mlflow.pyfunc.save_model(path, python_model=model_code.__file__, artifacts=artifacts)
+    loaded = mlflow.pyfunc.load_model(path)
+    return lambda prompt, n: loaded.predict(prompt, params={"max_new_tokens": n, "temperature": 0.0})
+
+
 def generation(model: nn.Module, stream: torch.Tensor) -> None:
-    """Part 3: flyscale.api.generate against the bare loop, batch 1, greedy."""
+    """Part 3: flyscale.api.generate and the registered model's predict against the bare loop,
+    batch 1, greedy."""
     prompt = stream[None, :PROMPT]
+    text = ByteTokenizer().decode(prompt[0].tolist())  # the same ids, as the served model's string
     model.eval()
+    predict = served(model, tempfile.mkdtemp(prefix="bench-gpt-"))
     generators: dict[str, Callable[[int], Any]] = {
         "flyscale.api.generate": lambda n: generate(model, prompt, n, CONTEXT, temperature=0),
+        "registered model's predict": lambda n: predict(text, n),
         "bare loop": lambda n: bare_generate(model, prompt, n),
     }
-    same = torch.equal(generators["flyscale.api.generate"](NEW_TOKENS), generators["bare loop"](NEW_TOKENS))
+    bare = generators["bare loop"](NEW_TOKENS)
+    same = torch.equal(generators["flyscale.api.generate"](NEW_TOKENS), bare)
+    # The served model reads the prompt as text: the same tokens only where the text encodes back to them.
+    same &= ByteTokenizer().decode(bare[0, PROMPT:].tolist()) == generators["registered model's predict"](NEW_TOKENS)[0]
     t = generation_seconds(generators, NEW_TOKENS, GENERATION_ROUNDS)
     base = t["bare loop"]
     print(

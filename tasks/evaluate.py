@@ -16,6 +16,7 @@ from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, ObjectiveCon
 from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches, calibration_batches
+from flyscale.data.tokenize import TokenStats
 from flyscale.evaluate import gating
 from flyscale.evaluate.comparison import compare
 from flyscale.evaluate.gating import Judgment
@@ -31,7 +32,7 @@ from flyscale.tracking.champion import read_baseline
 from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
 from tasks.common import DECKS, SMALL, TASK
-from tasks.records import EvaluatedModel, QuantizedModel, ValidatedData
+from tasks.records import EvaluatedModel, QuantizedModel
 
 
 class Evaluated(NamedTuple):
@@ -49,12 +50,11 @@ class Judged(NamedTuple):
     passed: bool
 
 
-def objective_context(validated: ValidatedData) -> ObjectiveContext:
+def objective_context(info: DatasetInfo, tokens: TokenStats | None, tokenizer: FlyteFile | None) -> ObjectiveContext:
     """What the objective's evaluation may need besides the model: the info, and for text the
     tokenizer (to decode samples) and the bytes a token (for bits per byte)."""
-    tokens, tokenizer = validated.tokens, validated.tokenizer
     return ObjectiveContext(
-        validated.info,
+        info,
         bytes_per_token=tokens.bytes_per_token if tokens is not None else 0.0,
         tokenizer_json=Path(tokenizer.download()).read_text() if tokenizer is not None else "",
     )
@@ -84,19 +84,21 @@ TOKEN_BATCH_SIZES = (1, 8, 32)
 def evaluate_model(
     weights: FlyteFile,
     test: Shards,
-    validated: ValidatedData,
+    info: DatasetInfo,
     model_cfg: ModelConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    tokens: TokenStats | None = None,
+    tokenizer: FlyteFile | None = None,
 ) -> Evaluated:
     """The objective's metrics of the trained model on the test split (a classifier's accuracy,
     macro-F1, per-class precision and recall, calibration and confusion matrix; a language
     model's perplexity and bits per byte, and its continuations of fixed prompts), and the
-    fingerprint of that split."""
+    fingerprint of that split. Text (`tokens`, `tokenizer`): bits per byte, and samples decoded."""
     run = TaskRun.start("evaluate_model")
-    info = validated.info
     path = weights.download()
     model = load_state(build_model(model_cfg, info), path)
-    metrics = evaluate_batches(model, batches(test, info), objectives.of(objective), objective_context(validated))
+    context = objective_context(info, tokens, tokenizer)
+    metrics = evaluate_batches(model, batches(test, info), objectives.of(objective), context)
     metrics.weights_sha256 = file_sha256(path)
     return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())), run.done())
 
@@ -108,22 +110,24 @@ def quantize_model(
     weights: FlyteFile,
     train: Shards,
     test: Shards,
-    validated: ValidatedData,
+    info: DatasetInfo,
     model_cfg: ModelConfig,
     cfg: QuantizeConfig,
     fp32: EvalMetrics,
     history: TrainHistory,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    tokens: TokenStats | None = None,
+    tokenizer: FlyteFile | None = None,
 ) -> Quantized:
     """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
     model on the same test split, and time both models side by side at batch 1, 8, 64 and 256.
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
     run = TaskRun.start("quantize_model")
-    info, goal = validated.info, objectives.of(objective)
+    goal = objectives.of(objective)
     model = load_state(build_model(model_cfg, info), weights.download())
     qmodel = quantize(model, cfg, calibration_batches(train, info))
-    metrics = evaluate_batches(qmodel, batches(test, info), goal, objective_context(validated))
+    metrics = evaluate_batches(qmodel, batches(test, info), goal, objective_context(info, tokens, tokenizer))
     comparison = compare(
         model,
         qmodel,

@@ -24,6 +24,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flyscale.render import plots
 from flyscale.render.decks import DECK_PLOTS
 from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import NIGHTLY, run_pipeline
@@ -75,7 +76,9 @@ def _check_the_first_run(out: str, client: MlflowClient, tmp_path) -> str:
     evaluation = [d for d in decks if "<h3>Evaluation on the test split</h3>" in d]
     assert len(evaluation) == 1, f"{len(decks)} deck files, {len(evaluation)} Evaluation decks"
     shown = dict(re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"', evaluation[0]))
-    for alt, name in DECK_PLOTS.items():
+    drawn = {alt for alt, name in DECK_PLOTS.items() if name in plots.run_plots("classification")}
+    assert {alt for alt in shown if alt in DECK_PLOTS} == drawn
+    for alt, name in ((a, n) for a, n in DECK_PLOTS.items() if a in shown):
         logged = Path(client.download_artifacts(run_id, f"plots/{name}", str(tmp_path))).read_bytes()
         assert base64.b64decode(shown[alt]) == logged, f"the Deck's {alt} is not the run's plots/{name}"
     assert metrics["test_latency_p99_ms_b64"] >= metrics["test_latency_p50_ms_b64"] > 0

@@ -36,12 +36,14 @@ def run(tmp_path_factory, mlflow_server):
     presets = [str(REPO / "configs/text-gpt-bpe.yaml"), SMALL]
     args = [a for p in presets for a in ("--cfg", p)]
     home = tmp_path_factory.mktemp("home")
-    proc = run_pipeline(home, *args, env={"MLFLOW_TRACKING_URI": mlflow_server})
+    # TMPDIR: flytekit's local sandbox, and so the Deck files, land under home.
+    proc = run_pipeline(home, *args, env={"MLFLOW_TRACKING_URI": mlflow_server, "TMPDIR": str(home)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
-    return proc.stdout
+    return proc.stdout, home
 
 
 def test_the_summary_shows_what_a_language_model_is_judged_by(run):
+    run, home = run
     assert "tokenizer   bpe, 320 ids" in run and "tokenize_text" in run, run[-3000:]
     fp32 = next(line for line in run.splitlines() if line.startswith("  fp32 "))
     assert "perplexity" in fp32 and "bits per byte" in fp32 and "accuracy" not in fp32.replace("token accuracy", "")
@@ -53,6 +55,12 @@ def test_the_summary_shows_what_a_language_model_is_judged_by(run):
     assert "gate        min_metric: PASSED (test bits_per_byte" in run
     assert "gate        quantization: PASSED (bits per byte increase" in run
     assert "registered  text-e2e v1, text-e2e-int8 v1" in run
+    # The quantize task's Evaluation Deck: the objective's metrics, what int8 costs, the samples.
+    decks = [p.read_text() for p in home.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
+    evaluation = [d for d in decks if "Evaluation on the test split (language_modeling)" in d]
+    assert len(evaluation) == 1, f"{len(decks)} deck files"
+    assert "perplexity increase" in evaluation[0] and "Generated (sampled, seed 0)" in evaluation[0]
+    assert "<pre>The " in evaluation[0]
 
 
 def test_the_registered_model_continues_a_prompt_given_as_a_string(run, mlflow_server):

@@ -198,3 +198,34 @@ def test_a_calibrating_quantizer_must_take_the_calibration(register):
     assert registry.contract_problems("quantizers", Undeclared()) == [
         "has quantize(model, options, calibration), not quantize(model, options)"
     ]
+
+
+class InitOnly(nn.Linear):
+    """A Linear that changes only how its weight starts (as gpt's does): nn.Linear's forward."""
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.weight, 0.0, 0.02)
+        nn.init.zeros_(self.bias)
+
+
+class OwnForward(nn.Linear):
+    """A Linear with a forward of its own: not nn.Linear's arithmetic, so left as it is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * 2
+
+
+def test_dynamic_int8_quantizes_linear_subclasses_that_keep_its_forward():
+    torch.manual_seed(0)
+    model = nn.Sequential(InitOnly(16, 32), nn.ReLU(), nn.Sequential(InitOnly(32, 8)), OwnForward(8, 4))
+    x = torch.randn(5, 16)
+    q = registry.quantizers.get("dynamic_int8").quantize(model, None)
+    assert isinstance(q[0], torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(q[2][0], torch.ao.nn.quantized.dynamic.Linear)  # nested too
+    assert type(q[3]) is OwnForward  # its forward is its own: quantizing it would change what it computes
+    assert type(model[0]) is InitOnly and type(model[2][0]) is InitOnly  # the caller's model is untouched
+    assert torch.allclose(q(x), model(x), atol=0.05)
+    # What a registered int8 model is rebuilt from: the same structure, so its state_dict loads.
+    rebuilt = rebuild_quantized(model, QuantizeConfig(), None)
+    rebuilt.load_state_dict(q.state_dict())
+    assert torch.equal(rebuilt(x), q(x))

@@ -345,21 +345,25 @@ def test_a_run_directory_is_found_by_its_training_and_held_while_it_trains(tmp_p
 
 
 def test_the_training_key_changes_with_what_is_trained():
-    from flyscale.config import AugmentConfig, ModelConfig, TrainConfig
+    from flyscale.config import AugmentConfig, ModelConfig, ObjectiveConfig, TrainConfig
     from flyscale.data.source import DataFingerprint
     from tasks.train import identity
 
     data, model, train, aug = DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), AugmentConfig()
-    key = identity(data, model, train, 2, aug)
-    assert key == identity(DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), 2, AugmentConfig())
+    goal = ObjectiveConfig()
+    key = identity(data, model, train, 2, aug, goal)
+    assert key == identity(
+        DataFingerprint("digits", "abc", "stat"), ModelConfig(), TrainConfig(), 2, AugmentConfig(), ObjectiveConfig()
+    )
     others = [
-        identity(DataFingerprint("digits", "abd", "stat"), model, train, 2, aug),
-        identity(data, ModelConfig(name="cnn"), train, 2, aug),
-        identity(data, model, TrainConfig(seed=train.seed + 1), 2, aug),
-        identity(data, model, train, 3, aug),
-        identity(data, model, train, 2, AugmentConfig(names=["shift"])),  # typed examples: augmented as drawn
+        identity(DataFingerprint("digits", "abd", "stat"), model, train, 2, aug, goal),
+        identity(data, ModelConfig(name="cnn"), train, 2, aug, goal),
+        identity(data, model, TrainConfig(seed=train.seed + 1), 2, aug, goal),
+        identity(data, model, train, 3, aug, goal),
+        identity(data, model, train, 2, AugmentConfig(names=["shift"]), goal),  # typed examples: augmented as drawn
+        identity(data, model, train, 2, aug, ObjectiveConfig("regression")),  # another loss, another model
     ]
-    assert key not in others and len(set(others)) == 5
+    assert key not in others and len(set(others)) == 6
 
 
 def test_resume_from_names_a_checkpoint_explicitly(tmp_path):

@@ -57,19 +57,31 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         augment=cfg.augment,
         objective=cfg.objective,
     )
+    # Text: the tokenizer decodes samples, and its bytes a token give bits per byte. (Not all of
+    # `validated`: its report changes with the champion, which would re-run evaluation.) Each call
+    # gets attribute promises of its own: flytekit resolves one in place, and a resolved None
+    # cannot be resolved again.
     fp32, evaluate_ran = evaluate_model(
-        weights=trained.weights, test=test, validated=validated, model_cfg=cfg.model, objective=cfg.objective
+        weights=trained.weights,
+        test=test,
+        info=validated.info,
+        model_cfg=cfg.model,
+        objective=cfg.objective,
+        tokens=validated.tokens,
+        tokenizer=validated.tokenizer,
     )
     int8, quantize_ran = quantize_model(
         weights=trained.weights,
         train=train,
         test=test,
-        validated=validated,
+        info=validated.info,
         model_cfg=cfg.model,
         cfg=cfg.quantize,
         fp32=fp32.metrics,
         history=trained.history,
         objective=cfg.objective,
+        tokens=validated.tokens,
+        tokenizer=validated.tokenizer,
     )
     judgment, passed = gate_model(fp32=fp32, int8=int8, cfg=cfg.gate, champion_of=cfg.mlflow)
     ran = [preflight_ran, train_ran, evaluate_ran, quantize_ran]
