@@ -234,27 +234,22 @@ def generation_seconds(generators: dict[str, Callable[[int], Any]], tokens: int,
 
 
 def served(model: nn.Module, folder: str) -> Callable[[str, int], list[str]]:
-    """The model as the register task logs it (flyscale/tracking/model_code.py, its weights, spec and
-    tokenizer as artifacts), saved to `folder` and loaded back with mlflow.pyfunc.load_model: its
-    predict(prompt, params) is what a user of the registered model calls."""
+    """The model as the register task logs it (flyscale/tracking/run_log.py model_args: its code,
+    weights, spec, tokenizer, signature and params), saved to `folder` and loaded back with
+    mlflow.pyfunc.load_model: its predict(prompt, params) is what a user of the registered model calls."""
     import mlflow
 
     from flyscale.config import ObjectiveConfig
     from flyscale.model import save_state
-    from flyscale.tracking import model_code
     from flyscale.tracking.model_spec import spec_json
+    from flyscale.tracking.run_log import ModelFiles, model_args
 
-    spec = Path(folder) / "spec.json"
-    spec.write_text(
-        spec_json(
-            ModelConfig(name="gpt", options=OPTIONS), sequences_info(), None, ObjectiveConfig("language_modeling")
-        )
+    spec = spec_json(
+        ModelConfig(name="gpt", options=OPTIONS), sequences_info(), None, ObjectiveConfig("language_modeling")
     )
-    tokenizer = Path(folder) / "tokenizer.json"
-    tokenizer.write_text(ByteTokenizer().to_json())
+    files = ModelFiles(save_state(model, "bench_gpt.pt"), spec, ByteTokenizer().to_json())
     path = str(Path(folder) / "model")
-    artifacts = {"weights": save_state(model, "bench_gpt.pt"), "spec": str(spec), "tokenizer": str(tokenizer)}
-    mlflow.pyfunc.save_model(path, python_model=model_code.__file__, artifacts=artifacts)
+    mlflow.pyfunc.save_model(path, **model_args(files, "model", folder))
     loaded = mlflow.pyfunc.load_model(path)
     return lambda prompt, n: loaded.predict(prompt, params={"max_new_tokens": n, "temperature": 0.0})
 

@@ -222,10 +222,18 @@ class ModelFiles:
 
 
 def log_model(files: ModelFiles, name: str, tmp: str):
-    """A pickle-free MLflow model: flyscale/tracking/model_code.py as its code, weights, spec and
-    tokenizer as artifacts, with the signature, input example and inference params its objective
-    gives (flyscale/tracking/serving.py). Returns the ModelInfo (a LoggedModel)."""
+    """A pickle-free MLflow model logged to the active run as `name` (see `model_args`). Returns
+    the ModelInfo (a LoggedModel)."""
     import mlflow
+
+    return mlflow.pyfunc.log_model(name=name, **model_args(files, name, tmp))
+
+
+def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
+    """What mlflow.pyfunc's log_model or save_model takes for a pickle-free flyscale model:
+    flyscale/tracking/model_code.py as its code, weights, spec and tokenizer as artifacts (written
+    under `tmp`), and the signature, input example and inference params its objective gives
+    (flyscale/tracking/serving.py)."""
     from mlflow.models import infer_signature
 
     from flyscale.tracking import model_code as mlflow_model
@@ -243,11 +251,10 @@ def log_model(files: ModelFiles, name: str, tmp: str):
     objective, context = objective_of(spec, files.tokenizer_json)
     example, params = serving.example(objective, context)
     answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
-    return mlflow.pyfunc.log_model(
-        name=name,
-        python_model=mlflow_model.__file__,
-        artifacts=artifacts,
-        signature=infer_signature(example, answer, params),
-        input_example=(example, params) if params else example,
-        pip_requirements=_pip_requirements(bool(files.tokenizer_json)),
-    )
+    return {
+        "python_model": mlflow_model.__file__,
+        "artifacts": artifacts,
+        "signature": infer_signature(example, answer, params),
+        "input_example": (example, params) if params else example,
+        "pip_requirements": _pip_requirements(bool(files.tokenizer_json)),
+    }
