@@ -106,3 +106,18 @@ def test_an_untied_gpt_in_two_pipeline_stages_matches_one_process():
     assert set(state) == set(reference)
     for name, ref in reference.items():
         torch.testing.assert_close(state[name], ref, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_the_preflight_of_a_gpt_compares_its_next_token_losses():
+    """At world size one, without spawning: the check's own data keeps the objective, so the
+    strategy's steps and the reference loop both score next tokens (not one class a sequence)."""
+    from flyscale.config import PreflightConfig
+    from flyscale.train.distributed import DistContext
+    from flyscale.train.preflight import run_preflight
+
+    cfg = TrainConfig(batch_size=B, lr=1e-2)
+    report = run_preflight(
+        lambda: _gpt(), _data(4 * B), cfg, PreflightConfig(enabled=True, steps=3), DistContext(), ddp, DDPOptions()
+    )
+    assert report.passed and report.steps == 3 and report.max_rel_diff < 1e-5
+    assert report.losses_world1[0] > report.losses_world1[-1]  # it learns: next-token losses, going down

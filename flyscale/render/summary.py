@@ -178,7 +178,10 @@ class RunSummary:
 
 def _values(m: EvalMetrics) -> str:
     """An objective's own metrics, in its order: "perplexity 8.1234  bits per byte 2.1234 ..."."""
-    return "  ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in m.values.items())
+    return "  ".join(
+        f"{k.replace('_', ' ')} {v:,.0f}" if abs(v) >= 1000 else f"{k.replace('_', ' ')} {v:.4f}"
+        for k, v in m.values.items()
+    )
 
 
 def _counted(tasks: list[str]) -> str:

@@ -227,7 +227,9 @@ def run_preflight(
         raise ValueError(f"preflight needs {rows} training rows (one global batch), got {len(data.y_train)}")
     # One global batch and one step per epoch; DataLoader workers only cost start-up time here.
     cfg = dataclasses.replace(cfg, epochs=pcfg.steps, num_workers=0, persistent_workers=False)
-    data = TrainData(data.x_train[:rows], data.y_train[:rows], data.x_val[:VAL_ROWS], data.y_val[:VAL_ROWS])
+    data = TrainData(
+        data.x_train[:rows], data.y_train[:rows], data.x_val[:VAL_ROWS], data.y_val[:VAL_ROWS], objective=data.objective
+    )
     log.info("preflight: %d steps of %s at world size %d against one process", pcfg.steps, cfg.strategy, ctx.world_size)
     with quiet_training_logs():
         torch.manual_seed(cfg.seed)
