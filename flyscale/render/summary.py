@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -100,8 +101,9 @@ class RunSummary:
         if t is not None and t.unigram_entropy_bits:
             bits = fp32.values.get("bits_per_token", 0.0)
             lines.append(
-                f"  baseline    unigram entropy {t.unigram_entropy_bits:.3f} bits a token (training split); the model's "
-                f"{bits:.3f} is {t.unigram_entropy_bits - bits:+.3f} below it"
+                f"  baseline    unigram entropy {t.unigram_entropy_bits:.3f} bits a token (training split, "
+                f"{t.unigram_entropy_bits * math.log(2):.3f} nats: the unit of the loss); the model's {bits:.3f} is "
+                f"{t.unigram_entropy_bits - bits:+.3f} below it"
             )
         for prompt, made in fp32.samples.items():
             lines.append(f"  sample      {prompt + made!r}")
