@@ -32,6 +32,7 @@ from flyscale.plugin.contracts import (
     ObjectivePlugin,
     QuantizerPlugin,
     StrategyPlugin,
+    cost_name,
 )
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
@@ -58,6 +59,7 @@ __all__ = [
     "EvalMetrics",
     "ClassificationEvaluator",
     "generate",
+    "cost_name",
     "input_example",
     "PLOTTED",
     "DistContext",

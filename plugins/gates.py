@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flyscale.api import GateVerdict, higher_is_better
+from flyscale.api import GateVerdict, cost_name, higher_is_better
 
 
 def _judged(metric: str) -> bool:
@@ -166,15 +166,15 @@ class QuantizationOptions:
             _judged(metric)  # an unknown metric fails here, naming what is known
             if not isinstance(bound, int | float) or bound < 0:
                 raise ValueError(f"max_worse.{metric} must be a number >= 0, got {bound!r}")
+        for name in ("min_speedup", "min_size_ratio"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     def costs(self) -> list[tuple[str, float]]:
         """(the recorded cost's name, its bound) of each metric int8 is held to."""
         if not self.max_worse:
             return [("int8_accuracy_drop", self.max_accuracy_drop)]
-        return [(f"int8_{m}_drop" if _judged(m) else f"int8_{m}_increase", float(b)) for m, b in self.max_worse.items()]
-        for name in ("min_speedup", "min_size_ratio"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        return [(f"int8_{cost_name(m, _judged(m))}", float(b)) for m, b in self.max_worse.items()]
 
 
 class Quantization:

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -105,6 +106,15 @@ class TokenEvaluator:
         )
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer(saved: str):
+    """The tokenizer a model carries, built once, not on every request to the served model (a
+    BPE's JSON is parsed into Hugging Face's tokenizer)."""
+    from flyscale.data.text import from_json  # the tokenizer's library only where text is made
+
+    return from_json(saved)
+
+
 class LanguageModeling:
     """Logits (N, T, vocabulary) for sequences of token ids (N, T + 1): each position predicts the
     next token, so the model reads tokens [0, T) and is scored against tokens [1, T]."""
@@ -162,12 +172,10 @@ class LanguageModeling:
     ) -> list[str]:
         """Each prompt's continuation (the new text only). Prompts of the same length in tokens
         are generated as one batch; an empty prompt starts from the end-of-text token."""
-        from flyscale.data.text import from_json  # the tokenizer's library only where text is made
-
         tokens = context.info.input()
         if tokens is None or not context.tokenizer_json:
             raise ValueError("a language model is served with its tokenizer; this one was registered without it")
-        tokenizer = from_json(context.tokenizer_json)
+        tokenizer = _tokenizer(context.tokenizer_json)
         window = tokens.shape[0] - 1  # the model reads sequences less their last token
         encoded = [ids if len(ids) else np.array([tokenizer.eot]) for ids in tokenizer.encode_batch(list(prompts))]
         out = [""] * len(prompts)

@@ -21,7 +21,7 @@ from flyscale.cluster.launchers import (
 )
 from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TokenizeConfig, TrainConfig
 from flyscale.data import source
-from flyscale.data.example_checks import real_target
+from flyscale.data.fields import real_target
 from flyscale.data.shards import Shards
 from flyscale.data.tokenize import planned_info
 from flyscale.flyte.caching import code_cache

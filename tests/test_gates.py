@@ -155,3 +155,24 @@ def test_beats_champion_options_are_validated():
         BeatsChampionOptions(metric="auc")
     with pytest.raises(ValueError, match="min_absolute_change"):
         BeatsChampionOptions(min_absolute_change=-1)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"min_speedup": -1.0}, "min_speedup must be >= 0"),
+        ({"min_size_ratio": -0.5}, "min_size_ratio must be >= 0"),
+        ({"max_accuracy_drop": 2.0}, r"max_accuracy_drop must be in \[0, 1\]"),
+        ({"max_worse": {"perplexity": -0.1}}, "max_worse.perplexity must be a number >= 0"),
+        ({"max_worse": {"auc": 0.1}}, "no known direction for metric 'auc'"),
+    ],
+)
+def test_quantization_options_are_validated(options, message):
+    with pytest.raises(ValueError, match=message):
+        QuantizationOptions(**options)
+
+
+def test_quantization_reads_the_cost_of_each_bounded_metric_by_its_direction():
+    opts = QuantizationOptions(max_worse={"perplexity": 0.2, "r2": 0.02})
+    assert opts.costs() == [("int8_perplexity_increase", 0.2), ("int8_r2_drop", 0.02)]
+    assert QuantizationOptions().costs() == [("int8_accuracy_drop", 0.01)]

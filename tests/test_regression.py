@@ -134,7 +134,7 @@ def test_evaluate_batches_scores_a_model_with_the_objective():
     with torch.no_grad():
         p = model(x)[:, 0].numpy()
     assert math.isclose(got.values["r2"], r2_score(y.numpy(), p), rel_tol=1e-5)
-    assert got.size_bytes > 0 and got.headline("r2") == got.values["r2"]
+    assert got.size_bytes > 0 and got.scalars()["r2"] == got.values["r2"]
 
 
 def test_the_served_model_returns_predictions_in_the_targets_units_one_per_example():

@@ -27,6 +27,7 @@ from flyscale.config.sections import (
     TokenizeConfig,
     TrainConfig,
 )
+from flyscale.plugin.contracts import cost_name, costed
 
 
 @section
@@ -118,13 +119,8 @@ ALWAYS_MEASURED = ("loss", "size_bytes", "latency_p50_ms_b*", "latency_p99_ms_b*
 def measured(objective: Any) -> list[str]:
     """The names (globs) the gates may read under `objective`: its metrics and the always-recorded
     ones, each also as the int8 model's (`int8_` prefix), and what int8 costs on each metric."""
-    own = list(getattr(objective, "metrics", {}) or {})
-    names = [*own, *ALWAYS_MEASURED]
     ups = getattr(objective, "metrics", {}) or {}
-    classifier = "accuracy" in own
-    costs = (
-        ["int8_accuracy_drop"]
-        if classifier
-        else [f"int8_{m}_drop" if up else f"int8_{m}_increase" for m, up in ups.items() if not m.endswith("_per_s")]
-    )
+    names = [*ups, *ALWAYS_MEASURED]
+    classifier = "accuracy" in ups
+    costs = ["int8_accuracy_drop"] if classifier else [f"int8_{cost_name(m, up)}" for m, up in costed(ups).items()]
     return [*names, *(f"int8_{n}" for n in names), *costs, "int8_speedup_b*", "int8_size_ratio"]

@@ -58,17 +58,11 @@ def check_batch(table: pa.Table, info: DatasetInfo, where: str) -> Checked:
         check_field(table.column(f.name).combine_chunks(), f, checked)
     # A class must be one of 0..num_classes-1; a real-valued target is checked as any field is
     # (finite, and inside its range where it declares one), above.
-    if info.label_column and real_target(info) is None:
+    if info.label_column and fields.real_target(info) is None:
         labels, top = checked.values[info.label_column], info.num_classes - 1
         outside = (labels < 0) | (labels > top)
         checked.fail(outside, lambda i: f"{info.label_column}: in_range(0, {top}) (got {labels[i]})")
     return checked
-
-
-def real_target(info: DatasetInfo) -> FieldSpec | None:
-    """The label's field when it holds real values (a regression target), not a class; else None."""
-    label = next((f for f in info.fields if f.name == info.label_column), None) if info.label_column else None
-    return label if label is not None and label.dtype.startswith("float") else None
 
 
 def check_field(column: pa.Array, field: FieldSpec, checked: Checked) -> None:

@@ -231,7 +231,7 @@ def _label_sample(profile, info: DatasetInfo) -> pd.DataFrame:
     target has no counts per class (its values are profiled as a feature's): none."""
     if not info.label_column:
         return pd.DataFrame({"label": np.zeros(0, dtype="int64")})
-    if example_checks.real_target(info) is not None:
+    if fields.real_target(info) is not None:
         return pd.DataFrame({info.label_column: np.zeros(0, dtype="float32")})
     counts = [profile.labels.get(str(k), 0) for k in range(info.num_classes)]
     return pd.DataFrame({info.label_column: np.repeat(np.arange(info.num_classes), counts)[:SAMPLE_ROWS]})

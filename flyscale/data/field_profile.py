@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from flyscale.data import drift
-from flyscale.data.example_checks import real_target
+from flyscale.data.fields import real_target
 from flyscale.data.reference import FeatureProfile, Profile
 from flyscale.plugin.contracts import DatasetInfo, FieldSpec
 

@@ -185,11 +185,16 @@ class Reader:
         return size(self.field) * np.dtype(self.field.dtype).itemsize
 
 
+def real_target(info: DatasetInfo) -> FieldSpec | None:
+    """The label's field when it holds real values (a regression target), not a class; else None."""
+    label = next((f for f in info.fields if f.name == info.label_column), None) if info.label_column else None
+    return label if label is not None and label.dtype.startswith("float") else None
+
+
 def reader(info: DatasetInfo) -> Reader:
     """The reader for a dataset: its input field, or its table's feature columns."""
     field = info.input()
-    label = next((f for f in info.fields if f.name == info.label_column), None)
-    label_dtype = "float32" if label is not None and label.dtype.startswith("float") else "int64"
+    label_dtype = "float32" if real_target(info) is not None else "int64"
     if field is not None:
         return Reader(label=info.label_column, field=field, label_dtype=label_dtype)
     return Reader(label=info.label_column, features=tuple(info.feature_columns), label_dtype=label_dtype)

@@ -11,6 +11,7 @@ from torch import nn
 
 from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
 from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.plugin.contracts import cost_name, costed
 
 
 @dataclass
@@ -76,11 +77,11 @@ def costs(fp32: EvalMetrics, int8: EvalMetrics, metrics: dict[str, bool]) -> dic
     """How much worse int8 is on each metric (positive: worse), named by which way is worse:
     `<metric>_drop` for one where higher is better, `<metric>_increase` for one where lower is."""
     a, b = fp32.scalars(), int8.scalars()
-    out = {}
-    for name, up in metrics.items():
-        if name in a and name in b and not name.endswith("_per_s"):  # a speed is the latency's to judge
-            out[f"{name}_drop" if up else f"{name}_increase"] = a[name] - b[name] if up else b[name] - a[name]
-    return out
+    return {
+        cost_name(name, up): a[name] - b[name] if up else b[name] - a[name]
+        for name, up in costed(metrics).items()
+        if name in a and name in b
+    }
 
 
 def compare(

@@ -52,10 +52,6 @@ class EvalMetrics:
     def classifier(self) -> bool:
         return self.objective == "classification"
 
-    def headline(self, name: str) -> float:
-        """One metric by name, wherever the objective keeps it."""
-        return self.scalars()[name]
-
     def scalars(self, prefix: str = "") -> dict[str, float]:
         """The metrics MLflow and the gates read, by stable names (`prefix` + name)."""
         if not self.classifier:

@@ -236,6 +236,18 @@ class Evaluator(Protocol):
     def result(self) -> Any: ...
 
 
+def cost_name(metric: str, higher_is_better: bool) -> str:
+    """What int8's cost on `metric` is called (recorded as `int8_<this>`): how much worse the int8
+    model is, `<metric>_drop` where higher is better and `<metric>_increase` where lower is."""
+    return f"{metric}_drop" if higher_is_better else f"{metric}_increase"
+
+
+def costed(metrics: Mapping[str, bool]) -> dict[str, bool]:
+    """The objective's metrics int8's cost is recorded on: all but its speeds (`*_per_s`), which
+    are the latency comparison's to judge."""
+    return {m: up for m, up in metrics.items() if not m.endswith("_per_s")}
+
+
 class ObjectivePlugin(Protocol):
     """What training optimises, what evaluation measures, and what the served model returns.
 
@@ -245,8 +257,8 @@ class ObjectivePlugin(Protocol):
     (an example, or a token) and its accuracy hits / count (the top-1 class, or next token).
     `evaluator(context)`: a fresh Evaluator for the test split.
     `metrics`: {name or glob: True when higher is better} of what the evaluator reports; the
-    gates may bound these (and `loss`, `size_bytes`, latencies), and `headline` is the one the
-    quantization's cost and the scaling study read.
+    gates may bound these (and `loss`, `size_bytes`, latencies); `headline` names the one metric
+    that sums the objective up (one of `metrics`).
     Optional `pair(x, y)`: what the model is given and what it is scored against, from a batch
     of the dataset (default: the inputs and the labels; a language model predicts each token
     from those before it: (x[:, :-1], x[:, 1:])).
