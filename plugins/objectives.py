@@ -30,6 +30,7 @@ class Classification:
     options_type = None
     metrics = {"accuracy": True, "macro_f1": True, "ece": False, "precision_class_*": True, "recall_class_*": True}
     headline = "accuracy"
+    scaling_metric = "error"  # a study fits 1 - accuracy, whose noise is binomial
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets)
@@ -121,6 +122,7 @@ class LanguageModeling:
 
     options_type = LanguageModelingOptions
     labelled = False
+    unit = "token"  # score counts tokens: a scaling study's data axis is training tokens
 
     def __init__(self, options: LanguageModelingOptions | None = None):
         self.options = options or LanguageModelingOptions()

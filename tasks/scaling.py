@@ -14,9 +14,9 @@ import re
 import tempfile
 from typing import NamedTuple
 
+import numpy as np
 from flytekit import Deck, dynamic, task
 from flytekit.types.error import FlyteError
-from pandera.typing import DataFrame
 
 from flyscale import settings
 from flyscale.cluster import resources
@@ -26,21 +26,21 @@ from flyscale.config import (
     AugmentConfig,
     MlflowConfig,
     ModelConfig,
+    ObjectiveConfig,
+    PipelineConfig,
     RecoveryConfig,
     TrainConfig,
 )
-from flyscale.data import shards
+from flyscale.data import fields, shards
 from flyscale.data.augment import augment
-from flyscale.data.schemas import LabeledFrame
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
-from flyscale.data.tensors import batches, to_tensors
-from flyscale.evaluate.metrics import evaluate, evaluate_batches
+from flyscale.data.tensors import batches
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun, execution_key
 from flyscale.model import build_model, load_state
-from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
+from flyscale.plugin.contracts import DatasetInfo
 from flyscale.scaling.advice import (
     Bound,
     Efficiency,
@@ -52,6 +52,7 @@ from flyscale.scaling.advice import (
 )
 from flyscale.scaling.config import ScalingConfig, StudyConfig
 from flyscale.scaling.laws import PowerLawFit
+from flyscale.scaling.measure import measure, metric_of, unit_of
 from flyscale.scaling.plan import (
     PointSpec,
     ScalingPoint,
@@ -111,20 +112,26 @@ def _measure(
     val: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
+    objective_cfg: ObjectiveConfig,
     **measured,
 ) -> ScalingPoint:
-    """A point's val and train error (eval mode, unaugmented rows) and its size."""
+    """A point's val and train metric (eval mode, unaugmented rows, through the objective: a
+    classifier's error, anyone else's loss) and its size."""
+    goal = objectives.of(objective_cfg)
     model = load_state(build_model(model_cfg, info), weights_path)
-    rows = shards.read(original.dir.download(), [*info.feature_columns, info.label_column])
-    own = evaluate(model, *to_tensors(rows, info), info.num_classes)
-    held_out = evaluate_batches(model, batches(val, info), objectives.default(), ObjectiveContext(info))
+    own = measure(model, batches(original, info), goal)
+    held_out = measure(model, batches(val, info), goal)
     return replace_point(
         spec,
         train_rows=original.rows,
         parameters=sum(p.numel() for p in model.parameters()),
-        val_error=1.0 - held_out.accuracy,
-        train_error=1.0 - own.accuracy,
+        val_metric=held_out.value,
+        train_metric=own.value,
+        metric=metric_of(goal),
+        val_noise=held_out.noise,
         val_rows=val.rows,
+        unit=unit_of(goal),
+        train_units=own.count,
         **measured,
     )
 
@@ -148,9 +155,13 @@ def training_task(workers: int):
         mlflow_cfg: MlflowConfig,
         recovery: RecoveryConfig,
         threads: int,
+        augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (typed examples: each batch as it is drawn)
+        objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     ) -> ScalingPoint:
         run = TaskRun.start(f"train_point_{workers}w")
-        trained = train_job(train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery, threads)
+        trained = train_job(
+            train, val, info, model_cfg, cfg, fingerprint, started, mlflow_cfg, recovery, threads, augment, objective
+        )
         if trained is None:
             return None  # type: ignore[return-value]  # not rank 0: only rank 0's outputs are the task's
         history = trained.history
@@ -163,6 +174,7 @@ def training_task(workers: int):
                 val,
                 info,
                 model_cfg,
+                objective,
                 samples_per_s=median,
                 samples_per_s_low=low,
                 samples_per_s_high=high,
@@ -194,19 +206,32 @@ def training_task(workers: int):
     )(body)
 
 
-@task(cache=code_cache(), **TASK, requests=SMALL)
-def train_rows(train: DataFrame[LabeledFrame]) -> Shards:
-    """The training split as shards: what the study subsets (a frame would be uploaded afresh by
-    the dynamic study, under a new name each time, and miss the cache of everything after it)."""
-    return shards.write(train, "train-rows")
+@task(cache=False, **TASK, requests=SMALL)
+def data_pipeline(cfg: StudyConfig) -> PipelineConfig:
+    """The config the pipeline's data branch prepares the study's data with (StudyConfig.data_pipeline)."""
+    return cfg.data_pipeline()
 
 
 @task(cache=code_cache("augmentations"), **TASK, requests=SMALL)
 def subset_train(train: Shards, info: DatasetInfo, augment_cfg: AugmentConfig, fraction: float, seed: int) -> Subset:
-    """A nested, stratified `fraction` of the training rows, as they are and augmented."""
+    """A nested, stratified `fraction` of a table's training rows, as they are and augmented."""
     frame = shards.read(train.dir.download())
     rows = frame.iloc[nested_subset(frame[info.label_column].to_numpy(), fraction, seed)].reset_index(drop=True)
     return Subset(shards.write(rows, "subset"), shards.write(augment(rows, info, augment_cfg), "train"))
+
+
+@task(cache=code_cache(), **TASK, requests=SMALL)
+def subset_examples(train: Shards, info: DatasetInfo, fraction: float, seed: int) -> Subset:
+    """A nested `fraction` of typed examples or token sequences, stratified by class where the
+    label is one. Their augmentation happens as batches are drawn, so both halves are the same
+    shards. Read and written as Arrow: a field's fixed-size lists stay what they are."""
+    table = shards.read_table(train.dir.download())
+    classes = info.label_column and fields.real_target(info) is None
+    labels = table.column(info.label_column).to_numpy() if classes else np.zeros(table.num_rows)
+    writer = shards.ShardWriter("subset")
+    writer.write(table.take(nested_subset(labels, fraction, seed)))
+    subset = writer.close()
+    return Subset(subset, subset)
 
 
 def point_execution(execution: str, spec: PointSpec) -> str:
@@ -225,8 +250,11 @@ def run_study(
 ) -> list[ScalingPoint]:
     """Every point of the plan as an ordinary cached training run, and what it measured."""
     specs = plan(cfg.scaling)
+    seed = cfg.scaling.seed
     subsets = {
-        f: subset_train(train=train, info=info, augment_cfg=cfg.augment, fraction=f, seed=cfg.scaling.seed)
+        f: subset_examples(train=train, info=info, fraction=f, seed=seed)
+        if info.fields
+        else subset_train(train=train, info=info, augment_cfg=cfg.augment, fraction=f, seed=seed)
         for f in sorted({s.data_fraction for s in specs})
     }
     points = []
@@ -247,6 +275,9 @@ def run_study(
                 mlflow_cfg=study_mlflow(cfg),
                 recovery=cfg.recovery,
                 threads=cfg.scaling.threads_per_worker,
+                # Typed examples are augmented as batches are drawn; a table's subset already is.
+                augment=cfg.augment if info.fields else AugmentConfig(),
+                objective=cfg.objective,
             )
         )
     return points

@@ -125,3 +125,33 @@ def test_every_objective_is_a_valid_plugin_with_metrics_of_a_known_direction():
         for metric, up in objective.metrics.items():
             if "*" not in metric:
                 assert higher_is_better(metric) is up, (name, metric)
+
+
+def test_a_scaling_study_measures_a_language_model_by_its_loss_per_token_with_a_standard_error(gpt):
+    from flyscale.scaling.measure import BLOCK, measure, metric_of, unit_of
+
+    x = torch.randint(0, 257, (40, SEQ), generator=torch.Generator().manual_seed(2))
+    y = torch.zeros(40, dtype=torch.long)
+    lm = _lm()
+    got = measure(gpt, [(x[:24], y[:24]), (x[24:], y[24:])], lm)  # two row groups
+    whole = evaluate_batches(gpt, [(x, y)], lm, ObjectiveContext(INFO))
+    assert (metric_of(lm), unit_of(lm)) == ("loss", "token")
+    assert got.value == pytest.approx(whole.loss, rel=1e-5) and got.count == 40 * (SEQ - 1) and got.examples == 40
+    with torch.no_grad():  # the standard error of the mean of 5 blocks of BLOCK consecutive sequences
+        per_seq = torch.nn.functional.cross_entropy(gpt(x[:, :-1]).transpose(1, 2), x[:, 1:], reduction="none")
+    means = per_seq.mean(1).reshape(-1, BLOCK).mean(1)
+    assert BLOCK == 8 and got.noise == pytest.approx(float(means.std() / len(means) ** 0.5), rel=1e-4)
+
+
+def test_a_scaling_study_measures_a_classifier_by_its_error_with_binomial_noise():
+    from flyscale.scaling.measure import measure, metric_of
+
+    info = DatasetInfo("t", 3, [4], ["a", "b", "c", "d"])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig("mlp", {"hidden": [8]}), info)
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    got = measure(model, [(x, y)], of_default := registry.objectives.get("classification"))
+    with torch.no_grad():
+        error = 1 - float((model(x).argmax(1) == y).float().mean())
+    assert metric_of(of_default) == "error" and got.count == 50
+    assert got.value == pytest.approx(error) and got.noise == pytest.approx((error * (1 - error) / 50) ** 0.5)

@@ -39,11 +39,12 @@ POINTS = {  # 1 + 2 data fractions, 1 + 2 widths, 1 + 1 worker counts around the
 }
 
 
-def run_study(home, preset, env) -> subprocess.CompletedProcess:
-    """`pyflyte run workflows/scaling.py scaling_study --cfg PRESET`, as a user types it."""
+def run_study(home, preset, env, *more) -> subprocess.CompletedProcess:
+    """`pyflyte run workflows/scaling.py scaling_study --cfg PRESET [--cfg MORE ...]`, as a user types it."""
     full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", "COLUMNS": "400", **env}
+    presets = [a for p in (preset, *more) for a in ("--cfg", str(p))]
     proc = subprocess.run(
-        [str(BIN / "pyflyte"), "run", "workflows/scaling.py", "scaling_study", "--cfg", str(preset)],
+        [str(BIN / "pyflyte"), "run", "workflows/scaling.py", "scaling_study", *presets],
         cwd=REPO,
         env=full_env,
         capture_output=True,
@@ -54,22 +55,27 @@ def run_study(home, preset, env) -> subprocess.CompletedProcess:
     return proc
 
 
-def _study_runs(client: MlflowClient):
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+def _study_runs(client: MlflowClient, name: str = EXPERIMENT):
+    experiment = client.get_experiment_by_name(name)
     runs = client.search_runs([experiment.experiment_id], max_results=100)
     parents = [r for r in runs if r.data.tags.get("flyscale.scaling") == "study"]
     children = [r for r in runs if r not in parents]
     return parents, children
 
 
-@pytest.mark.timeout(600)
-def test_a_study_completes_logs_every_point_under_one_parent_and_reruns_from_the_cache(tmp_path, mlflow_server):
-    preset = tmp_path / "study.yaml"
-    preset.write_text(yaml.safe_dump(PRESET))
+def _workspace(tmp_path, preset: dict, mlflow_server: str):
+    """The preset as a file, a fresh HOME (so a fresh Flyte cache) and the study's environment.
+    TMPDIR: flytekit's local sandbox, and so the Deck files, land under tmp_path."""
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(preset))
     home = tmp_path / "home"
     home.mkdir()
-    # TMPDIR: flytekit's local sandbox, and so the Deck files, land under tmp_path.
-    env = {"MLFLOW_TRACKING_URI": mlflow_server, "TMPDIR": str(tmp_path)}
+    return path, home, {"MLFLOW_TRACKING_URI": mlflow_server, "TMPDIR": str(tmp_path)}
+
+
+@pytest.mark.timeout(600)
+def test_a_study_completes_logs_every_point_under_one_parent_and_reruns_from_the_cache(tmp_path, mlflow_server):
+    preset, home, env = _workspace(tmp_path, PRESET, mlflow_server)
     client = MlflowClient(mlflow_server)
 
     first = run_study(home, preset, env)
@@ -118,3 +124,54 @@ def test_a_study_completes_logs_every_point_under_one_parent_and_reruns_from_the
     ]  # each point (trained and measured in one task), the subsets
     assert re.search(rf"mlflow\s+parent run {parent} ", second.stdout)  # the cached report's: nothing logged twice
     assert [len(runs) for runs in _study_runs(client)] == [1, 6]
+
+
+TEXT_EXPERIMENT = "scaling-text-e2e"
+TEXT_SMALL = {  # configs/scaling-text-gpt.yaml made small: 4 nested fractions and 2 widths, one epoch
+    "model": {"options": {"layers": 1, "heads": 2, "width": 32}},
+    "train": {"epochs": 1, "batch_size": 64},
+    "scaling": {"width_multipliers": [0.5, 1.0], "experiment": TEXT_EXPERIMENT},
+}
+
+
+@pytest.mark.timeout(600)
+def test_a_language_model_study_fits_loss_against_training_tokens_and_reruns_from_the_cache(tmp_path, mlflow_server):
+    """The text preset's study: the pipeline's own text branch prepares the sequences, every point
+    is measured by its validation loss (nats a token) with a standard error, and the data axis is
+    the tokens its nested subset holds."""
+    small, home, env = _workspace(tmp_path, TEXT_SMALL, mlflow_server)
+    client = MlflowClient(mlflow_server)
+
+    first = run_study(home, REPO / "configs/scaling-text-gpt.yaml", env, small)
+    out = first.stdout
+    assert "points      5 training runs; trained now: 5, from the cache: 0" in out, out[-3000:]
+    assert "tokenize_text" in first.stdout + first.stderr  # the pipeline's text branch ran
+    # Each point: its rows, the tokens they hold (seq_len 64: 63 targets a sequence), val loss +- its noise.
+    found = re.findall(
+        r"point\s+(data\S+)\s+([\d,]+) rows\s+([\d,]+) tokens .*? val loss ([\d.]+) \(\+-([\d.]+)\)", out
+    )
+    assert len(found) == 5, out[-3000:]
+    tokens = {}
+    for key, rows, count, loss, noise in found:
+        assert int(count.replace(",", "")) == 63 * int(rows.replace(",", ""))
+        assert 0.5 < float(loss) < 5.6 and 0 < float(noise) < 0.2  # under ln(257), a uniform guess
+        tokens[key] = int(count.replace(",", ""))
+    fractions = [f"data{f}-width1-depth1-workers1" for f in ("0.125", "0.25", "0.5", "1")]
+    assert [tokens[k] for k in fractions] == sorted(tokens[k] for k in fractions)
+    assert re.search(r"fit\s+loss vs training tokens: ", out) and re.search(r"fit\s+loss vs parameters: no fit", out)
+    assert re.search(r"knee\s+data: [\d,]+ training tokens \(fraction", out)
+
+    parents, children = _study_runs(client, TEXT_EXPERIMENT)
+    parent = parents[0].info.run_id
+    assert len(parents) == 1 and {c.info.run_name for c in children} == set(tokens)
+    for child in children:
+        metrics = child.data.metrics
+        assert metrics["point_train_tokens"] == tokens[child.info.run_name] == 63 * metrics["point_train_rows"]
+        assert metrics["point_val_loss"] > 0 and metrics["point_val_loss_stderr"] > 0
+    plots = {a.path for a in client.list_artifacts(parent, "plots")}
+    assert {"plots/loss_vs_data.png", "plots/loss_vs_parameters.png"} <= plots
+
+    second = run_study(home, REPO / "configs/scaling-text-gpt.yaml", env, small)
+    log = second.stdout + second.stderr
+    assert "Cache miss" not in log, log[log.index("Cache miss") - 3000 : log.index("Cache miss") + 500]
+    assert "points      5 training runs; trained now: 0, from the cache: 5" in second.stdout, second.stdout[-3000:]

@@ -46,8 +46,8 @@ def point(axis: str, size: int, val_error: float, train_error: float | None = No
         workers=1,
         train_rows=rows,
         parameters=params,
-        val_error=val_error,
-        train_error=train_error,
+        val_metric=val_error,
+        train_metric=train_error,
     )
     return ScalingPoint(**{**fields, **kw})
 
@@ -129,6 +129,34 @@ def test_a_drop_inside_the_validation_sets_noise_is_flat():
     assert not fit.meaningful and "flat" in fit.reason
 
 
+def test_a_loss_curve_is_judged_by_the_noise_measured_with_it():
+    """A loss has no binomial noise: each point's measured standard error decides what is a drop."""
+    sizes, losses = [1e4, 2e4, 4e4, 8e4, 1.6e5], list(law([1e4, 2e4, 4e4, 8e4, 1.6e5], 40.0, -0.3, 1.5))
+    quiet = fit_power_law(sizes, losses, "data", noise=[0.001] * 5, metric="loss", noun="training tokens")
+    assert quiet.meaningful and quiet.beta == pytest.approx(-0.3, abs=0.05)
+    assert quiet.summary().startswith("loss vs training tokens: ") and "would lower loss by about" in quiet.summary()
+    drop = losses[0] - losses[-1]
+    loud = fit_power_law(sizes, losses, "data", noise=[drop] * 5, metric="loss", noun="training tokens")
+    assert not loud.meaningful and "loss is flat" in loud.reason
+    # The measured noise also sets the range: the same curve, measured 30 times less precisely.
+    rough = fit_power_law(sizes, losses, "data", noise=[0.03] * 5, metric="loss")
+    assert rough.drop_high - rough.drop_low > 5 * (quiet.drop_high - quiet.drop_low)
+
+
+def test_a_language_model_study_reads_in_tokens_and_loss():
+    sizes = [10_000, 20_000, 40_000, 80_000]
+    points = [
+        point("data", s // 63, v, v - 0.05, metric="loss", val_noise=0.01, unit="token", train_units=s)
+        for s, v in zip(sizes, law(sizes, 40.0, -0.3, 1.5))
+    ]
+    result = analyse(points, ScalingConfig(max_gap=0.2))
+    assert result.metric == "loss" and result.data_noun == "training tokens"
+    assert result.data_fit.meaningful and result.data_fit.largest == 80_000  # tokens, not rows
+    assert result.data_knee.sentence.startswith("data: 80,000 training tokens (fraction 1, 1,269 rows)")
+    assert any("train/val gap at 80,000 training tokens: 0.0500" in r for r in result.bound.reasons)
+    assert "val loss" in str(StudySummary(result)) and "80,000 tokens" in str(StudySummary(result))
+
+
 def test_a_curve_still_rising_has_no_power_law_region():
     fit = fit_power_law([100, 200, 400, 800, 1600], [0.05, 0.07, 0.09, 0.12, 0.15], "parameters")
     assert not fit.meaningful and "rises with size" in fit.reason
@@ -160,8 +188,8 @@ KNEE_ERRORS = [0.30, 0.12, 0.065, 0.046, 0.040]
 
 def test_the_knee_is_the_smallest_size_within_tolerance_of_the_best():
     knee = find_knee(table("data", KNEE_SIZES, KNEE_ERRORS), "data", tolerance=0.01)
-    assert knee.found and knee.size == 400 and knee.error == 0.046
-    assert knee.best_size == 800 and knee.best_error == 0.040
+    assert knee.found and knee.size == 400 and knee.value == 0.046
+    assert knee.best_size == 800 and knee.best_value == 0.040
     assert "400 training rows" in knee.sentence and "within 0.0100 of the best" in knee.sentence
     assert find_knee(table("data", KNEE_SIZES, KNEE_ERRORS), "data", tolerance=0.03).size == 200
     best = find_knee(table("data", KNEE_SIZES, KNEE_ERRORS), "data", tolerance=0.0)

@@ -273,6 +273,10 @@ class ObjectivePlugin(Protocol):
     `labelled` (default True): the dataset must have a label; a language model needs none.
     `real_valued` (default False): the label must be a float field (a regression target), not a
     class id; the reader then reads it as float32.
+    `scaling_metric` (default "loss"): what a scaling study fits, "loss" (score's summed loss per
+    count) or "error" (1 - hits / count, a classifier's).
+    `unit` (default "example"): what score's count counts; a language model's is "token", and
+    its scaling study's data axis is then training tokens.
     """
 
     metrics: dict[str, bool]

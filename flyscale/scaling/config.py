@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import field, fields
 
-from flyscale.config import ModelConfig, PipelineConfig
+from flyscale.config import AugmentConfig, ModelConfig, PipelineConfig
 from flyscale.config.base import Section, fraction, section
 
 WIDTH, DEPTH = "width_multiplier", "depth_multiplier"  # the model options a plugin declares to be swept
@@ -80,6 +80,13 @@ class StudyConfig(PipelineConfig):
         for name, option in (("width_multipliers", WIDTH), ("depth_multipliers", DEPTH)):
             for value in getattr(self.scaling, name):
                 point_model(self.model, option, value, f"scaling.{name}")  # an unbuildable size fails now
+
+    def data_pipeline(self) -> PipelineConfig:
+        """The config the pipeline's data branch prepares the study's data with: the base point's,
+        without a table's augmented copies. The study augments each subset itself, so its data
+        axis counts rows before augmentation (typed examples are augmented as batches are drawn)."""
+        sections = {f.name: getattr(self, f.name) for f in fields(PipelineConfig)}
+        return PipelineConfig(**{**sections, "augment": AugmentConfig(names=[], copies=0)})
 
 
 def point_model(base: ModelConfig, option: str, multiplier: float, where: str = "") -> ModelConfig:

@@ -74,9 +74,15 @@ class ScalingPoint:
     workers: int
     train_rows: int  # the training rows it learned from, before augmentation
     parameters: int
-    val_error: float  # 1 - validation accuracy, in eval mode
-    train_error: float  # 1 - accuracy on its own (unaugmented) training rows, in eval mode
-    val_rows: int = 0  # sets the sampling noise of val_error (0: unknown)
+    # The study's metric (flyscale/scaling/measure.py), in eval mode: "error" (1 - accuracy, a
+    # classifier's) or "loss" (per counted target: a language model's nats per token).
+    val_metric: float
+    train_metric: float  # on its own (unaugmented) training rows
+    metric: str = "error"
+    val_noise: float = 0.0  # the standard error of val_metric (0: unknown)
+    val_rows: int = 0
+    unit: str = "example"  # what the objective counts: "example", or "token"
+    train_units: int = 0  # the units its training rows hold: its size on the data axis (0: its rows)
     samples_per_s: float = 0.0  # training throughput over every worker: median of the epochs after the first
     samples_per_s_low: float = 0.0  # the quartiles of those epochs: how steady the measurement was
     samples_per_s_high: float = 0.0
@@ -93,8 +99,8 @@ class ScalingPoint:
 
     @property
     def gap(self) -> float:
-        """Train minus validation accuracy: over-fitting."""
-        return self.val_error - self.train_error
+        """Val minus train metric: over-fitting (for error, train minus val accuracy)."""
+        return self.val_metric - self.train_metric
 
 
 def throughput(samples_per_s: list[float]) -> tuple[float, float, float]:
@@ -112,13 +118,21 @@ def on_axis(points: list[ScalingPoint], axis: str) -> list[ScalingPoint]:
 
 
 def size_of(p: ScalingPoint, axis: str) -> float:
-    """A point's size on an axis: its training rows (data) or its parameters (model)."""
-    return float(p.train_rows if axis == "data" else p.parameters)
+    """A point's size on an axis: its training rows or tokens (data), or its parameters (model)."""
+    if axis == "data":
+        return float(p.train_units or p.train_rows)
+    return float(p.parameters)
+
+
+def data_noun(unit: str) -> str:
+    """What the data axis counts: "training rows", or "training tokens" for a language model."""
+    return "training rows" if unit == "example" else f"training {unit}s"
 
 
 def point_label(p: ScalingPoint, axis: str) -> str:
     if axis == "data":
-        return f"{p.train_rows:,} training rows (fraction {p.data_fraction:g})"
+        rows = f", {p.train_rows:,} rows" if p.unit != "example" else ""
+        return f"{size_of(p, axis):,.0f} {data_noun(p.unit)} (fraction {p.data_fraction:g}{rows})"
     return f"{p.parameters:,} parameters (width x{p.width_multiplier:g}, depth x{p.depth_multiplier:g})"
 
 

@@ -1,4 +1,5 @@
-"""A scaling study's figures: validation error against training rows and parameters (log-log,
+"""A scaling study's figures: the validation metric (a classifier's error, anyone else's loss)
+against training rows (or tokens) and parameters (log-log,
 with the fit, its doubling and the knee), the train/validation gap per point, and throughput,
 speed-up and parallel efficiency against workers."""
 
@@ -24,17 +25,29 @@ def _nothing(ax, what: str) -> None:
 
 
 def _error_curve(ax, result: StudyResult, axis: str) -> None:
-    """Val error against training rows or parameters, log-log, with the fit, its doubling and the knee."""
+    """The val metric against training rows (tokens) or parameters, log-log, with the measured
+    noise, the fit, its doubling and the knee."""
     fit, knee = (result.data_fit, result.data_knee) if axis == "data" else (result.model_fit, result.model_knee)
-    noun = "training rows" if axis == "data" else "parameters"
-    ax.set_title(f"validation error vs {noun}", fontsize=10)
+    noun = result.data_noun if axis == "data" else "parameters"
+    metric = result.metric
+    ax.set_title(f"validation {metric} vs {noun}", fontsize=10)
     points = on_axis(result.points, axis)
     if len(points) < 2:
         return _nothing(ax, f"the {axis} axis was not swept")
     x = np.array([size_of(p, axis) for p in points])
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.plot(x, np.maximum([p.val_error for p in points], FLOOR), "o", color="C0", label="measured")
+    y = np.maximum([p.val_metric for p in points], FLOOR)
+    spread = np.array([2 * p.val_noise for p in points])
+    ax.errorbar(
+        x,
+        y,
+        yerr=[np.minimum(spread, y - FLOOR), spread],  # a log axis has nothing below the floor
+        fmt="o",
+        color="C0",
+        capsize=2,
+        label="measured (2 standard errors)",
+    )
     if fit.meaningful:
         inside, beyond = np.geomspace(x.min(), fit.largest, 100), np.geomspace(fit.largest, 2 * fit.largest, 20)
         ax.plot(
@@ -55,15 +68,15 @@ def _error_curve(ax, result: StudyResult, axis: str) -> None:
             capsize=3,
             label=f"doubled: -{fit.drop:.4f} (90%: {fit.drop_low:.4f}-{fit.drop_high:.4f})",
         )
-        if fit.gamma > 0:
-            ax.axhline(fit.gamma, ls=":", color="grey", label="gamma: irreducible error")
+        if fit.gamma > 0.1 * y.min():  # a gamma near zero would stretch the axis over decades of nothing
+            ax.axhline(fit.gamma, ls=":", color="grey", label=f"gamma: irreducible {metric}")
     else:
         ax.text(0.03, 0.03, textwrap.fill(f"no fit: {fit.reason}", 55), transform=ax.transAxes, fontsize=7)
     if knee.found:
         ax.axvline(knee.size, ls="--", lw=1, color="C2", label=f"knee: {knee.size:,.0f}")
     ax.set_xlabel(noun)
-    ax.set_ylabel("validation error")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylabel(f"validation {metric}")
+    ax.legend(fontsize=7, loc="best")
 
 
 def _workers(axes, result: StudyResult) -> None:
@@ -100,13 +113,14 @@ def _label(p: ScalingPoint) -> str:
 
 
 def _gap(ax, result: StudyResult, max_gap: float) -> None:
-    """Train minus val accuracy per point: over-fitting."""
+    """Val minus train metric per point: over-fitting."""
     points = sorted(result.points, key=lambda p: p.key)
     rows = np.arange(len(points))
     ax.barh(rows, [p.gap for p in points], color=["C3" if p.gap > max_gap else "C0" for p in points])
     ax.axvline(max_gap, ls="--", color="C3", label=f"max_gap {max_gap:g}")
     ax.set_yticks(rows, [_label(p) for p in points], fontsize=7)
-    ax.set_xlabel("train accuracy - val accuracy")
+    metric = result.metric
+    ax.set_xlabel("train accuracy - val accuracy" if metric == "error" else f"val {metric} - train {metric}")
     ax.set_title("train/validation gap per point", fontsize=10)
     ax.legend(fontsize=7)
 
@@ -121,7 +135,7 @@ def plot_study(result: StudyResult, cfg: ScalingConfig, folder: str) -> dict[str
     _gap(grid[0][2], result, cfg.max_gap)
     _workers(grid[1], result)
     parts = {"scaling.png": overview}
-    for name, axis in (("error_vs_data.png", "data"), ("error_vs_parameters.png", "model")):
+    for name, axis in ((f"{result.metric}_vs_data.png", "data"), (f"{result.metric}_vs_parameters.png", "model")):
         parts[name] = figure(figsize=(6, 4.5))
         _error_curve(parts[name].subplots(), result, axis)
     parts["workers.png"] = figure(figsize=(13, 4))

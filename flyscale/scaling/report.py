@@ -15,7 +15,7 @@ from flyscale.config import (
 from flyscale.flyte.provenance import TaskRun
 from flyscale.scaling.advice import StudyResult, StudySummary
 from flyscale.scaling.config import StudyConfig
-from flyscale.scaling.plan import ScalingPoint
+from flyscale.scaling.plan import ScalingPoint, size_of
 from flyscale.tracking import store as mlflow_store
 from flyscale.tracking.store import EXECUTION_TAG
 
@@ -30,17 +30,18 @@ def _png(path: str) -> str:
 def html_page(result: StudyResult, figures: dict[str, str]) -> str:
     """The "Scaling study" Deck: the recommendations with their numbers, the plots, every point."""
     lines = "".join(f"<li>{html.escape(line)}</li>" for line in result.lines())
+    metric, noun = result.metric, result.data_noun
     rows = "".join(
-        f"<tr><td>{html.escape(p.key)}</td><td>{p.train_rows:,}</td><td>{p.parameters:,}</td><td>{p.workers}</td>"
-        f"<td>{p.val_error:.4f}</td><td>{p.train_error:.4f}</td><td>{p.gap:+.4f}</td>"
-        f"<td>{p.samples_per_s:,.0f}</td></tr>"
+        f"<tr><td>{html.escape(p.key)}</td><td>{size_of(p, 'data'):,.0f}</td><td>{p.parameters:,}</td>"
+        f"<td>{p.workers}</td><td>{p.val_metric:.4f} &plusmn; {p.val_noise:.4f}</td><td>{p.train_metric:.4f}</td>"
+        f"<td>{p.gap:+.4f}</td><td>{p.samples_per_s:,.0f}</td></tr>"
         for p in sorted(result.points, key=lambda p: p.key)
     )
     return (
         f"<h3>Scaling study</h3><ul>{lines}</ul>"
         f'<img alt="scaling study" src="data:image/png;base64,{_png(figures["scaling.png"])}"/>'
-        "<table><thead><tr><th>point</th><th>training rows</th><th>parameters</th><th>workers</th><th>val error</th>"
-        f"<th>train error</th><th>gap</th><th>samples/s</th></tr></thead><tbody>{rows}</tbody></table>"
+        f"<table><thead><tr><th>point</th><th>{noun}</th><th>parameters</th><th>workers</th><th>val {metric}</th>"
+        f"<th>train {metric}</th><th>gap</th><th>samples/s</th></tr></thead><tbody>{rows}</tbody></table>"
     )
 
 
@@ -52,11 +53,13 @@ def _batches(items: list, size: int = 100):
 def _point_values(p: ScalingPoint) -> tuple[dict[str, float], dict[str, str]]:
     # Named apart from the epoch curves training logged to the same run (val_accuracy, samples_per_s).
     metrics = {
-        "point_val_error": p.val_error,
-        "point_train_error": p.train_error,
+        f"point_val_{p.metric}": p.val_metric,
+        f"point_val_{p.metric}_stderr": p.val_noise,
+        f"point_train_{p.metric}": p.train_metric,
         "point_train_val_gap": p.gap,
         "point_parameters": p.parameters,
         "point_train_rows": p.train_rows,
+        **({f"point_train_{p.unit}s": p.train_units} if p.unit != "example" else {}),
         "point_samples_per_s": p.samples_per_s,
         "point_train_seconds": p.train_seconds,
     }
@@ -124,7 +127,8 @@ def _study_metrics(result: StudyResult) -> dict[str, float]:
                 f"{name}_doubling_drop_low": fit.drop_low,
                 f"{name}_doubling_drop_high": fit.drop_high,
             }
-    for name, knee in (("data_knee_rows", result.data_knee), ("model_knee_parameters", result.model_knee)):
+    knee_unit = result.data_noun.removeprefix("training ")
+    for name, knee in ((f"data_knee_{knee_unit}", result.data_knee), ("model_knee_parameters", result.model_knee)):
         if knee.found:
             out[name] = knee.size
     return out
