@@ -183,16 +183,18 @@ def test_materialised_from_meta_untied_depends_only_on_the_seed_and_is_initialis
     assert not torch.equal(other[0].tok, first[0].tok)
 
 
-def test_tied_builds_on_meta_but_is_refused_where_layers_are_materialised_one_by_one():
+def test_tied_builds_on_meta_materialises_tied_and_is_refused_where_layers_go_to_different_stages():
     model = _meta()
     assert model[0].tok is model[-1].lm_head.weight  # the shapes (and the parameter count) are right
     check_model(model, TrainConfig(), 2)  # ddp builds the model in memory, where the tie holds
     # The tie is named, with the way out, before any data is read.
-    tied = r"layers 0 \(tok\) and 3 \(lm_head.weight\) share one parameter .*tie_embeddings: false"
+    tied = r"layers 0 \(tok\) and 3 \(lm_head.weight\) share one parameter .*different stages.*tie_embeddings: false"
     with pytest.raises(ValueError, match=tied):
         check_model(model, PIPELINE, 2)
-    with pytest.raises(ValueError, match=r"layer 3 \(lm_head\), a TiedLinear"):
-        meta.materialise(model, "cpu", seed=0)  # and materialising never re-initialises the tied weight
+    # Materialised whole, the tie holds, initialised once, by the embedding (layer 0).
+    whole = meta.materialise(model, "cpu", seed=0)
+    alone = meta.materialise(_meta(), "cpu", seed=0, layers=[0])
+    assert whole[0].tok is whole[-1].lm_head.weight and torch.equal(whole[0].tok, alone[0].tok)
 
 
 def test_the_pipeline_strategy_takes_it_untied():

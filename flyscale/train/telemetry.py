@@ -91,7 +91,9 @@ def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> i
     tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None]
     if optimizer is not None:
         tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_meta}
+    # A sharded tensor (DTensor) counts what this rank holds of it: its local shard.
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in local if not t.is_meta}
     return sum(storages.values())
 
 

@@ -351,6 +351,8 @@ class Pipeline:
         strategy applies."""
         _check_config(cfg, options)
         refuse_running_statistics(model)
+        if world_size > 1:
+            meta.check_untied(model, "the pipeline strategy would put them on different stages")
         split_bounds(model, world_size, options.split_points)
 
 

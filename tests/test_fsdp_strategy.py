@@ -1,0 +1,117 @@
+"""The fsdp strategy (FSDP2) computes what one process computes, while each rank holds only its
+shards: a tied GPT at world size 2, built on the meta device, against a plain loop over the
+doubled batch from the same per-layer initial weights, with clipping, gradient accumulation and
+a warm-up schedule; real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flyscale.api import DatasetInfo, FieldSpec
+from flyscale.config import ModelConfig, TrainConfig
+from flyscale.model import build_model
+from flyscale.plugin import registry
+from flyscale.train import meta
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import process_group
+from flyscale.train.telemetry import state_bytes
+from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
+from tests.distributed_helpers import run_on_ranks
+
+VOCAB, SEQ = 17, 17
+INFO = DatasetInfo(
+    "tokens",
+    0,
+    [SEQ],
+    [],
+    label_column="",
+    fields=[FieldSpec("tokens", "int32", [SEQ], range=[0, VOCAB - 1])],
+    input_field="tokens",
+)
+B, STEPS = 4, 4  # per-rank batch; optimizer steps
+RTOL, ATOL = 1e-5, 4e-5  # as the other strategies' equivalence tests
+
+
+def _gpt(on_meta: bool = True):
+    options = {"layers": 2, "heads": 2, "width": 32}  # tied embeddings, as the presets train it
+    return build_model(ModelConfig(name="gpt", options=options), INFO, meta=on_meta)
+
+
+def _data(rows: int) -> TrainData:
+    g = torch.Generator().manual_seed(1)
+    x = torch.cumsum(torch.randint(0, 3, (rows + 8, SEQ), generator=g), dim=1) % VOCAB
+    empty = torch.zeros(len(x), dtype=torch.long)
+    lm = registry.objectives.get("language_modeling")
+    return TrainData(x[:rows], empty[:rows], x[rows:], empty[rows:], objective=lm)
+
+
+def _reference(cfg: TrainConfig, rows: int, batch: int) -> tuple[dict, list[float]]:
+    """A plain loop over the global batch: the same initial weights (per-layer seeds), order,
+    AdamW, clipping and warm-up."""
+    model = meta.materialise(_gpt(), "cpu", cfg.seed)
+    data = _data(rows)
+    order = torch.randperm(rows, generator=torch.Generator().manual_seed(cfg.seed))  # DistributedSampler's
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warmup = round(cfg.warmup_epochs * STEPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    losses = []
+    for step in range(STEPS):
+        x = data.x_train[order[step * batch : (step + 1) * batch]]
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[:, :-1]).reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, losses
+
+
+def _fsdp_rank(cfg: TrainConfig, options: FSDPOptions):
+    with process_group(timeout_s=60) as ctx:
+        result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, options)
+        state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
+        return state, result.history.state_mb, result.history.epochs[0].train_loss
+
+
+CFG = TrainConfig(
+    strategy="fsdp",
+    epochs=1,
+    batch_size=B,
+    lr=1e-2,
+    seed=3,
+    grad_clip_norm=0.5,
+    grad_accum_steps=2,
+    warmup_epochs=0.5,
+)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return run_on_ranks(_fsdp_rank, 2, CFG, FSDPOptions(), timeout=150)
+
+
+@pytest.mark.timeout(180)
+def test_fsdp_at_world_size_2_matches_one_process_with_the_doubled_batch(trained):
+    (state, _, train_loss), _ = trained
+    reference, losses = _reference(CFG, 2 * B * STEPS, 2 * B)
+    assert set(state) == set(reference)
+    for name, ref in reference.items():
+        torch.testing.assert_close(state[name], ref, rtol=RTOL, atol=ATOL, msg=name)
+    assert train_loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    start = meta.materialise(_gpt(), "cpu", CFG.seed)
+    assert not torch.allclose(reference["0.tok"], start.state_dict()["0.tok"])  # the weights did move
+
+
+@pytest.mark.timeout(180)
+def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(trained):
+    (_, state_mb, _), _ = trained
+    model = meta.materialise(_gpt(), "cpu", CFG.seed)
+    opt = torch.optim.AdamW(model.parameters())
+    model(_data(8).x_train[:2, :-1]).sum().backward()
+    opt.step()
+    whole = state_bytes(model, opt) / 2**20  # one process's parameters, gradients and Adam state
+    for mb in state_mb:
+        assert 0.4 * whole < mb < 0.6 * whole, (state_mb, whole)
