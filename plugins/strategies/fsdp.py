@@ -104,6 +104,7 @@ def shard(model: nn.Module, ctx: DistContext, options: FSDPOptions, seed: int) -
     template = copy.deepcopy(model)  # still on the meta device: the layers' shapes, to draw initial values from
     # The mesh's device type always given: with GPUs present, a gloo group would otherwise move the model to CUDA.
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+
     def shard_one(module: nn.Module) -> None:
         fully_shard(
             module,
