@@ -5,6 +5,9 @@ a warm-up schedule; real gloo ranks."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +18,9 @@ from flyscale.model import build_model
 from flyscale.plugin import registry
 from flyscale.train import meta
 from flyscale.train.batches import TrainData
+from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import process_group
+from flyscale.train.loop import Hooks
 from flyscale.train.telemetry import state_bytes
 from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
 from tests.distributed_helpers import run_on_ranks
@@ -115,3 +120,52 @@ def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(tr
     whole = state_bytes(model, opt) / 2**20  # one process's parameters, gradients and Adam state
     for mb in state_mb:
         assert 0.4 * whole < mb < 0.6 * whole, (state_mb, whole)
+
+
+class _Killed(Exception):
+    pass
+
+
+class _DiesAfter(Checkpointer):
+    """Checkpoints as told, then the job dies right after writing step `at`."""
+
+    def __init__(self, root: Path, at: int, **kwargs):
+        super().__init__(root, **kwargs)
+        self.at = at
+
+    def save(self, state, position, ctx, strategy):
+        path = super().save(state, position, ctx, strategy)
+        if position.step == self.at:
+            raise _Killed(str(path))
+        return path
+
+
+def _resumable_rank(cfg: TrainConfig, root: str, die_at: int):
+    with process_group(timeout_s=60) as ctx:
+        ckpt = _DiesAfter(Path(root), die_at, every_steps=3) if root else None
+        try:
+            result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt))
+        except _Killed as killed:
+            saved = Path(str(killed))
+            return "killed", sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
+        state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
+        return state, result.history.resumed_from_step
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weights(tmp_path):
+    cfg = dataclasses.replace(CFG, epochs=2)  # 8 steps; a checkpoint every 3: the job dies at step 3, mid-epoch
+    (whole, _), _ = run_on_ranks(_resumable_rank, 2, cfg, "", 0, timeout=150)
+    (killed, files), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 3, timeout=150)
+    assert killed == "killed"
+    # Each rank wrote its own shards through DCP; nobody wrote the whole model.
+    assert [f for f in files if f.startswith("sharded/")] == [
+        "sharded/.metadata",
+        "sharded/__0_0.distcp",
+        "sharded/__1_0.distcp",
+    ]
+    assert not [f for f in files if f.startswith("state-")]
+    (resumed, step), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 0, timeout=150)
+    assert step == 3
+    for name, ref in whole.items():
+        torch.testing.assert_close(resumed[name], ref, rtol=0, atol=0, msg=name)

@@ -7,6 +7,10 @@ A checkpoint is a directory `step-000000123/` holding
     state-<r>.pt    model, optimizer, LR scheduler and grad scaler: written by every rank when
                     the strategy shards them (a pipeline stage per rank), by rank 0 alone when
                     every rank holds the same (DDP)
+    sharded/        instead of state files, when the model is sharded into DTensors (fsdp):
+                    model and optimizer state written by torch.distributed.checkpoint (DCP),
+                    each rank its own shards, rank 0 the metadata that maps them; the
+                    scheduler's and scaler's state then travel in the rank files
     manifest.json   written last, by rank 0: the step, the world size, the strategy, and each
                     file's size, sha256 and the shapes of what it holds
 
@@ -40,6 +44,7 @@ from typing import Any, Protocol
 
 import torch
 
+from flyscale.model import file_sha256
 from flyscale.train.checkpoint_files import (
     FORMAT,
     MANIFEST,
@@ -58,6 +63,8 @@ from flyscale.train.distributed import DistContext
 from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
+
+SHARDED = "sharded"  # the DCP directory of a checkpoint whose model is sharded (FSDP2's DTensors)
 
 
 class Mirror(Protocol):
@@ -121,16 +128,29 @@ class Checkpointer:
             partial.mkdir(parents=True)
         ctx.barrier()
         files = {}
-        if state.sharded or ctx.is_main:
+        rank_file: dict[str, Any] = {"position": _position_dict(position), "rng": rng_state()}
+        if state.dtensors:
+            # Collective: each rank writes its own shards, rank 0 the metadata that maps them.
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(state.sharded_state(), checkpoint_id=partial / SHARDED)
+            rank_file["schedule"] = state.schedule_state()
+        elif state.sharded or ctx.is_main:
             own = {**state.state_dict(), "signature": state.signature()}
             files[f"state-{ctx.rank}.pt"] = {
                 **write_file(own, partial / f"state-{ctx.rank}.pt"),
                 "signature": hashlib.sha256(json.dumps(own["signature"]).encode()).hexdigest(),
             }
-        rank_file = {"position": _position_dict(position), "rng": rng_state()}
         files[f"rank-{ctx.rank}.pt"] = write_file(rank_file, partial / f"rank-{ctx.rank}.pt")
         everyone = ctx.all_gather_object(files)  # also: every rank has written its files
         if ctx.is_main:
+            if state.dtensors:  # every rank's shards are written (the gather above waited for them)
+                everyone.append(
+                    {
+                        f"{SHARDED}/{f.name}": {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+                        for f in sorted((partial / SHARDED).iterdir())
+                    }
+                )
             manifest = {
                 "format": FORMAT,
                 "step": position.step,
@@ -139,6 +159,8 @@ class Checkpointer:
                 "world_size": ctx.world_size,
                 "strategy": strategy,
                 "sharded": state.sharded,
+                "dcp": state.dtensors,
+                "signature": state.signature(),
                 "written_at": time.time(),
                 "files": {k: v for part in everyone for k, v in part.items()},
             }
@@ -193,16 +215,21 @@ class Checkpointer:
             raise CheckpointError(where)
         path = Path(where)
         manifest = json.loads((path / MANIFEST).read_text())
-        owner = ctx.rank if manifest["sharded"] else 0
-        own = torch.load(path / f"state-{owner}.pt", map_location=ctx.device, weights_only=True)
-        if own["signature"] != state.signature():
-            raise CheckpointError(
-                f"checkpoint {path} holds another model than this run builds: "
-                f"{tensor_difference(own['signature'], state.signature())}. "
-                f"Start afresh (recovery.resume: false) or train the model it was written for"
-            )
-        state.load_state_dict(own)
         mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
+        if manifest.get("dcp"):
+            _same_model(path, manifest["signature"], state)
+            import torch.distributed.checkpoint as dcp
+
+            # Collective: each rank reads the slices of the saved shards that make up its own.
+            sharded = state.sharded_state()
+            dcp.load(sharded, checkpoint_id=path / SHARDED)
+            state.load_sharded_state(sharded)
+            state.load_schedule_state(mine["schedule"])
+        else:
+            owner = ctx.rank if manifest["sharded"] else 0
+            own = torch.load(path / f"state-{owner}.pt", map_location=ctx.device, weights_only=True)
+            _same_model(path, own["signature"], state)
+            state.load_state_dict(own)
         position = Position(**mine["position"])
         self._rng_after_skip = mine["rng"]
         log.info(
@@ -244,6 +271,15 @@ class Checkpointer:
         if state is not None:
             set_rng_state(state)
             self._rng_after_skip = None
+
+
+def _same_model(path: Path, saved: list[list], state: TrainState) -> None:
+    if saved != state.signature():
+        raise CheckpointError(
+            f"checkpoint {path} holds another model than this run builds: "
+            f"{tensor_difference(saved, state.signature())}. "
+            f"Start afresh (recovery.resume: false) or train the model it was written for"
+        )
 
 
 def _position_dict(p: Position) -> dict[str, Any]:

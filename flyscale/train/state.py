@@ -31,20 +31,45 @@ class TrainState:
         return [[k, list(v.shape), str(v.dtype)] for k, v in self.module.state_dict().items()]
 
     def state_dict(self) -> dict[str, Any]:
+        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **self.schedule_state()}
+
+    @property
+    def dtensors(self) -> bool:
+        """Whether the module's parameters are DTensors (sharded by FSDP2): then each rank writes its
+        own shards with torch.distributed.checkpoint (DCP), and any number of ranks can read them."""
+        return any(hasattr(p, "device_mesh") for p in self.module.parameters())
+
+    def sharded_state(self) -> dict[str, Any]:
+        """Model and optimizer state as DCP saves and loads it: DTensors, keyed by parameter name."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optimizer = get_state_dict(self.module, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(
+            self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
+
+    def schedule_state(self) -> dict[str, Any]:
+        """The LR scheduler's and grad scaler's state: the same on every rank."""
         return {
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_schedule_state(self, state: dict[str, Any]) -> None:
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.load_schedule_state(state)
 
 
 @dataclass
