@@ -1,4 +1,5 @@
-"""The GPU check: flyscale's training stage on one CUDA device, over NCCL, in fp32, fp16 and bf16.
+"""The GPU check: flyscale's training stage on one CUDA device, over NCCL, in fp32, fp16 and bf16,
+under ddp and fsdp.
 
     .venv/bin/python -m benchmarks.gpu_check [--out gpu-check.json]
 
@@ -15,8 +16,11 @@ flyscale wraps the model in DDP only when there is a peer to synchronise with: a
 `process_group()` creates no group and the strategy trains the bare model. So that one GPU
 exercises what a multi-GPU job runs, the check makes a real world-size-1 process group (NCCL on
 CUDA) and hands the strategy a context that counts as distributed: the model goes into
-DistributedDataParallel (device_ids, gradient buckets, the timed comm hook) and every epoch's
-metrics are reduced through the process group's collectives. It uses the first GPU only.
+DistributedDataParallel (device_ids, gradient buckets, the timed comm hook), or is sharded by
+FSDP2 over a mesh of that one device (built on the meta device, its shards materialised there,
+all-gathers and reduce-scatters through NCCL; in bf16, FSDP2's policy gathers and computes bf16
+parameters and reduces fp32 gradients), and every epoch's metrics are reduced through the
+process group's collectives. It uses the first GPU only.
 
 At the presets' batch of 32 the digits models are small enough that a GPU step is bound by
 kernel launches and Python, so samples/s there measures per-step overhead more than the device;
@@ -61,6 +65,7 @@ from flyscale.train.loop import TrainingDiverged
 REPO = Path(__file__).resolve().parents[1]
 PRESETS = {"mlp": None, "cnn": REPO / "configs" / "digits-cnn.yaml"}  # None: the defaults (digits MLP)
 PRECISIONS = ("fp32", "fp16", "bf16")
+STRATEGIES = ("ddp", "fsdp")
 AUTOCAST_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -163,10 +168,21 @@ def watch_compute_dtype(model: nn.Module) -> tuple[set, dict]:
     return seen, handles
 
 
-def train_one(model_name: str, cfg: PipelineConfig, prepared, precision: str, ctx: DistContext, args) -> dict:
+def strategy_config(cfg, strategy: str, precision: str):
+    """`cfg.train` under `strategy`: fsdp in bf16 gathers and computes its parameters in bf16
+    (FSDP2's mixed-precision policy) and reduces gradients in fp32."""
+    if strategy == "ddp":
+        return cfg
+    bf16 = {"param_dtype": "bf16", "reduce_dtype": "fp32"} if precision == "bf16" else {}
+    return dataclasses.replace(cfg, strategy=strategy, options=bf16)
+
+
+def train_one(
+    model_name: str, cfg: PipelineConfig, prepared, precision: str, ctx: DistContext, args, strategy_name: str = "ddp"
+) -> dict:
     """One training run through the configured strategy; its throughput and checks."""
     train_cfg = dataclasses.replace(
-        cfg.train,
+        strategy_config(cfg.train, strategy_name, precision),
         epochs=args.epochs,
         precision=precision,
         **({"batch_size": args.batch_size} if args.batch_size else {}),
@@ -181,10 +197,14 @@ def train_one(model_name: str, cfg: PipelineConfig, prepared, precision: str, ct
         "train_rows": len(d.y_train),
     }
     reason = unsupported(precision, ctx.device)
+    if strategy_name == "fsdp" and precision == "fp16":
+        reason = (
+            "fsdp mixes precision through FSDP2's policy (fp32 or bf16 parameters); fp16 with a GradScaler is ddp's"
+        )
     if reason:
         return {**row, "status": "unsupported", "reason": reason}
     torch.manual_seed(train_cfg.seed)  # as the training task does: the same initial weights on every rank
-    model = artifacts.build_model(cfg.model, info)
+    model = artifacts.build_model(cfg.model, info, meta=strategies.wants_meta_model(train_cfg))
     strategy, options = strategies.strategy(train_cfg)
     seen, handles = watch_compute_dtype(model)
     if ctx.device.type == "cuda":
@@ -217,11 +237,11 @@ def train_one(model_name: str, cfg: PipelineConfig, prepared, precision: str, ct
         # DDP's timed comm hook saw gradient all-reduces: the model was wrapped and synchronised.
         grad_comm_fraction=round(max(m.grad_comm_fraction for m in epochs), 4),
     )
-    problems = check(row, epochs, precision, args.min_accuracy)
+    problems = check(row, epochs, precision, args.min_accuracy, strategy_name)
     return {**row, "status": "failed" if problems else "ok", **({"reason": "; ".join(problems)} if problems else {})}
 
 
-def check(row: dict, epochs: list, precision: str, min_accuracy: float) -> list[str]:
+def check(row: dict, epochs: list, precision: str, min_accuracy: float, strategy: str = "ddp") -> list[str]:
     """What is wrong with a finished run ([] when nothing)."""
     problems = []
     bad = [m.epoch + 1 for m in epochs if not (math.isfinite(m.train_loss) and math.isfinite(m.val_loss))]
@@ -235,7 +255,7 @@ def check(row: dict, epochs: list, precision: str, min_accuracy: float) -> list[
             f"train.precision={precision} but the layers computed in {row['compute_dtype'] or 'nothing seen'}, "
             f"expected {want}"
         )
-    if not row["grad_comm_fraction"] > 0:
+    if strategy == "ddp" and not row["grad_comm_fraction"] > 0:
         problems.append(
             "no gradient all-reduce ran: the strategy did not train the model under DistributedDataParallel"
         )
@@ -268,6 +288,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--models", default=",".join(PRESETS), help=f"comma-separated, of {list(PRESETS)}")
     p.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {list(PRECISIONS)}")
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help=f"comma-separated, of {list(STRATEGIES)}")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=0, help="per-step batch (default: the preset's)")
     p.add_argument("--max-train-rows", type=int, default=0, help="train on at most this many rows (0: all)")
@@ -281,7 +302,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl needs --device cuda")
     args.models, args.precisions = args.models.split(","), args.precisions.split(",")
-    for value, allowed, what in ((args.models, PRESETS, "--models"), (args.precisions, PRECISIONS, "--precisions")):
+    args.strategies = args.strategies.split(",")
+    for value, allowed, what in (
+        (args.models, PRESETS, "--models"),
+        (args.precisions, PRECISIONS, "--precisions"),
+        (args.strategies, STRATEGIES, "--strategies"),
+    ):
         if not value or set(value) - set(allowed):
             p.error(f"{what}: {','.join(value)} is not a subset of {','.join(allowed)}")
     if args.epochs < 1:
@@ -300,7 +326,7 @@ def write(summary: dict, out: Path | None, *, show: bool = True) -> None:
 
 
 def report_line(r: dict) -> str:
-    head = f"  {r['model']:<4} {r['precision']:<5}"
+    head = f"  {r['model']:<4} {r.get('strategy', 'ddp'):<5} {r['precision']:<5}"
     if r["status"] == "unsupported":
         return f"{head} not run: {r['reason']}"
     if "samples_per_s" not in r:
@@ -313,24 +339,26 @@ def report_line(r: dict) -> str:
 
 
 def run_all(args: argparse.Namespace, ctx: DistContext) -> list[dict]:
-    """Every model x precision asked for, each printed as it finishes."""
+    """Every model x strategy x precision asked for, each printed as it finishes."""
     runs = []
     for name in args.models:
         cfg = preset(name)
         prepared = prepare(cfg, args.max_train_rows)
-        for precision in args.precisions:
-            try:
-                r = train_one(name, cfg, prepared, precision, ctx, args)
-            except Exception as exc:  # noqa: BLE001 (unattended: report it, and run the others)
-                traceback.print_exc()
-                r = {
-                    "model": name,
-                    "precision": precision,
-                    "status": "failed",
-                    "reason": f"{type(exc).__name__}: {exc}",
-                }
-            runs.append(r)
-            print(report_line(r), flush=True)
+        for strategy in args.strategies:
+            for precision in args.precisions:
+                try:
+                    r = train_one(name, cfg, prepared, precision, ctx, args, strategy)
+                except Exception as exc:  # noqa: BLE001 (unattended: report it, and run the others)
+                    traceback.print_exc()
+                    r = {
+                        "model": name,
+                        "strategy": strategy,
+                        "precision": precision,
+                        "status": "failed",
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    }
+                runs.append(r)
+                print(report_line(r), flush=True)
     return runs
 
 
@@ -348,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         env = environment(device)
         print(
             f"gpu_check: {env['device_name']} ({env['device']}), torch {env['torch']}, CUDA {env['cuda']}, "
-            f"NCCL {env.get('nccl', '-')}, backend {env['backend']}, world size 1 (DDP), {args.epochs} epochs",
+            f"NCCL {env.get('nccl', '-')}, backend {env['backend']}, world size 1 ({', '.join(args.strategies)}), "
+            f"{args.epochs} epochs",
             flush=True,
         )
         runs = run_all(args, ctx)
@@ -366,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(
             f"gpu_check: FAILED: {len(failed)} of {len(runs)} runs: "
-            + "; ".join(f"{r['model']} {r['precision']}: {r['reason']}" for r in failed),
+            + "; ".join(f"{r['model']} {r.get('strategy', 'ddp')} {r['precision']}: {r['reason']}" for r in failed),
             file=sys.stderr,
         )
         return 1

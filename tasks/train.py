@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -36,11 +37,13 @@ from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.loop import Hooks
-from flyscale.train.preflight import PreflightReport
+from flyscale.train.preflight import PreflightReport, global_batch
 from flyscale.train.run_dirs import claimed_directory, prune, training_key
-from flyscale.train.strategies import strategy, wants_meta_model
+from flyscale.train.strategies import reshards, strategy, wants_meta_model
 from tasks.common import DECKS, task_options
 from tasks.records import TrainedModel
+
+log = logging.getLogger(__name__)
 
 
 def identity(
@@ -52,7 +55,10 @@ def identity(
     objective: ObjectiveConfig,
 ) -> str:
     """The key of what this task trains (what its cache key holds, but for the execution): the
-    same command run again after a Ctrl-C or a crash has the same one, and resumes."""
+    same command run again after a Ctrl-C or a crash has the same one, and resumes. A strategy
+    whose checkpoints reshard (fsdp) leaves the workers out: run again on fewer or more, it
+    resumes, resharded."""
+    workers = {} if reshards(cfg) else {"launcher": launcher_facts(), "world_size": world_size}
     return training_key(
         {
             "data": fingerprint.value,
@@ -60,8 +66,7 @@ def identity(
             "train": flatten(cfg),
             "augment": flatten(augment),
             "objective": flatten(objective),
-            "launcher": launcher_facts(),
-            "world_size": world_size,
+            **workers,
             "code": code_version(__name__, ("models", "strategies", "objectives")),
         }
     )
@@ -128,7 +133,16 @@ def train_job(
                 resume=recovery.resume,
                 resume_from=recovery.resume_from,
                 mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
+                global_batch=global_batch(train_fn, cfg, ctx.world_size),
+                grad_accum_steps=cfg.grad_accum_steps,
             )
+            plan = checkpointer.reshard_plan(ctx) if reshards(cfg) else None
+            if plan is not None:  # the checkpoint's global batch, on this many workers
+                cfg = plan.apply(cfg)
+                if ctx.is_main:
+                    log.info(
+                        "resuming a checkpoint of %d workers on %d: %s", plan.saved_world, plan.world, plan.sentence()
+                    )
             # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
             # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
             hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())

@@ -169,3 +169,51 @@ def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weigh
     assert step == 3
     for name, ref in whole.items():
         torch.testing.assert_close(resumed[name], ref, rtol=0, atol=0, msg=name)
+
+
+def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int):
+    """As the training task does: the checkpointer records the global batch, and a checkpoint
+    of another world size is resumed with it kept (the per-worker batch adapted)."""
+    with process_group(timeout_s=60) as ctx:
+        ckpt = _DiesAfter(Path(root), die_at, every_steps=3, global_batch=cfg.batch_size * ctx.world_size)
+        plan = ckpt.reshard_plan(ctx)
+        cfg = plan.apply(cfg) if plan is not None else cfg
+        try:
+            result = fsdp(_gpt(), _data(rows), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt))
+        except _Killed:
+            return "killed"
+        state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
+        epochs = [(m.train_loss, m.samples) for m in result.history.epochs]
+        return state, epochs, result.history.resharded, cfg.batch_size
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_checkpoint_of_two_workers_resumes_resharded_on_one_or_three(tmp_path, world):
+    """Global batch 12 (6 a worker on 2); 4 steps an epoch, 2 epochs; killed after step 3, mid-epoch.
+    Resumed on `world` workers the run keeps the global batch and the epoch's rows, and ends
+    where the uninterrupted run ends (to the tolerance of a different reduction order)."""
+    cfg = dataclasses.replace(CFG, epochs=2, batch_size=6, grad_accum_steps=1)
+    rows = 12 * 4
+    whole, whole_epochs, _, _ = run_on_ranks(_resharding_rank, 2, cfg, str(tmp_path / "whole"), 0, rows, timeout=150)[0]
+    assert run_on_ranks(_resharding_rank, 2, cfg, str(tmp_path / "cut"), 3, rows, timeout=150) == ["killed"] * 2
+    state, epochs, resharded, batch = run_on_ranks(
+        _resharding_rank, world, cfg, str(tmp_path / "cut"), 0, rows, timeout=150
+    )[0]
+    assert batch == 12 // world and resharded.startswith(f"resharded from 2 workers to {world} (global batch 12")
+    for (loss, samples), (want_loss, want_samples) in zip(epochs, whole_epochs, strict=True):
+        assert samples == want_samples == rows  # no row of an epoch skipped or seen twice
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+    for name, ref in whole.items():
+        torch.testing.assert_close(state[name], ref, rtol=RTOL, atol=ATOL, msg=name)
+
+
+def test_a_global_batch_the_new_worker_count_cannot_split_is_refused_naming_those_that_can():
+    from flyscale.train.reshard import ReshardError, plan
+
+    with pytest.raises(
+        ReshardError, match=r"global batch of 12 rows, which 5 workers cannot split evenly; .*\(1, 2, 3, 4, 6, 12\)"
+    ):
+        plan(2, 12, 1, 5)
+    kept = plan(2, 12, 2, 1)  # 6 a worker in 2 micro-batches of 3: now 12 in 4 of 3
+    assert (kept.batch_size, kept.grad_accum_steps) == (12, 4)

@@ -22,6 +22,7 @@ from flyscale.train.telemetry import EpochMetrics
 REPO = Path(__file__).resolve().parents[1]
 # Small enough for CPUs, where bf16 is slow (the CNN at about 100 samples/s), big enough to learn.
 CPU_RUN = ["--device", "cpu", "--backend", "gloo", "--epochs", "2", "--max-train-rows", "384", "--min-accuracy", "0.75"]
+DDP = ["--strategies", "ddp"]
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here: the check would run, not skip")
 
@@ -71,9 +72,21 @@ def test_bad_arguments_are_refused(argv, message, capsys):
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_check") / "summary.json"
-    proc = run_check(*CPU_RUN, "--out", str(out))
+    proc = run_check(*CPU_RUN, *DDP, "--out", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, json.loads(out.read_text())
+
+
+def test_fsdp_shards_the_mlp_over_the_one_rank_group_in_fp32_and_bf16(tmp_path):
+    """fsdp's bf16 is FSDP2's mixed-precision policy: parameters gathered and computed in bf16."""
+    out = tmp_path / "fsdp.json"
+    proc = run_check(*CPU_RUN, "--models", "mlp", "--strategies", "fsdp", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {r["precision"]: r for r in json.loads(out.read_text())["runs"]}
+    assert {p: r["status"] for p, r in runs.items()} == {"fp32": "ok", "fp16": "unsupported", "bf16": "ok"}
+    assert runs["bf16"]["compute_dtype"] == ["bfloat16"] and runs["fp32"]["compute_dtype"] == ["float32"]
+    assert all(r["strategy"] == "fsdp" for r in runs.values()) and "mlp  fsdp  bf16 " in proc.stdout
+    assert "FSDP2's policy" in runs["fp16"]["reason"]
 
 
 def test_cpu_gloo_run_trains_both_models_in_fp32_and_bf16(cpu_run):
@@ -85,7 +98,7 @@ def test_cpu_gloo_run_trains_both_models_in_fp32_and_bf16(cpu_run):
         assert r["compute_dtype"] == [{"fp32": "float32", "bf16": "bfloat16"}[precision]], r
         assert r["samples_per_s"] > 0 and r["grad_comm_fraction"] > 0, r  # trained under DDP, all-reduces timed
         assert math.isfinite(r["train_loss"]) and r["val_accuracy"] >= 0.75, r
-        assert f"{model:<4} {precision:<5}" in proc.stdout and "samples/s" in proc.stdout
+        assert f"{model:<4} ddp   {precision:<5}" in proc.stdout and "samples/s" in proc.stdout
 
 
 def test_fp16_on_cpu_is_reported_as_cuda_only_not_faked(cpu_run):
@@ -95,7 +108,7 @@ def test_fp16_on_cpu_is_reported_as_cuda_only_not_faked(cpu_run):
     for r in fp16:
         assert r["status"] == "unsupported" and "samples_per_s" not in r
         assert "CUDA-only" in r["reason"] and "needs CUDA" in r["reason"]  # flyscale's own refusal, quoted
-    assert "fp16  not run: fp16 with GradScaler is CUDA-only" in proc.stdout
+    assert "ddp   fp16  not run: fp16 with GradScaler is CUDA-only" in proc.stdout
 
 
 def test_a_run_below_the_accuracy_bar_fails_with_a_clear_message(tmp_path, capsys):
@@ -110,6 +123,8 @@ def test_a_run_below_the_accuracy_bar_fails_with_a_clear_message(tmp_path, capsy
                 "cpu",
                 "--models",
                 "mlp",
+                "--strategies",
+                "ddp",
                 "--precisions",
                 "fp32",
                 "--epochs",
@@ -126,7 +141,7 @@ def test_a_run_below_the_accuracy_bar_fails_with_a_clear_message(tmp_path, capsy
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
     assert rc == 1 and not torch.distributed.is_initialized()
-    assert "gpu_check: FAILED: 1 of 1 runs: mlp fp32: validation accuracy" in capsys.readouterr().err
+    assert "gpu_check: FAILED: 1 of 1 runs: mlp ddp fp32: validation accuracy" in capsys.readouterr().err
     assert json.loads(out.read_text())["status"] == "failed"
 
 

@@ -183,6 +183,9 @@ class StrategyPlugin(Protocol):
     as in data parallelism; False when every worker sees the same global batch (pipelining).
     Optional attribute `meta_model` (default False): True to receive the model on the meta
     device, for a strategy that materialises only its own part.
+    Optional attribute `reshards` (default False): True when the state it hands `fit` is DTensors
+    (checkpointed through DCP), so a run resumes on another number of workers, its global batch
+    kept; the restart directory is then keyed without the worker count.
     Optional method `check(model, cfg, options, world_size)`: raise ValueError, naming the layer
     or setting and the way out, for a model (built on the meta device) or a config this strategy
     cannot train at that world size. It runs before any data is read.
@@ -326,10 +329,16 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "datasets": {"options_type": None, "default_augmentations": (), "streaming": False},
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
-    "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False},
+    "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False, "reshards": False},
     "quantizers": {"options_type": None, "calibrates": False},
     "gates": {"options_type": None},
-    "objectives": {"options_type": None, "labelled": True, "real_valued": False},
+    "objectives": {
+        "options_type": None,
+        "labelled": True,
+        "real_valued": False,
+        "scaling_metric": "loss",
+        "unit": "example",
+    },
 }
 
 # An attribute that, when a plugin sets it true, needs an optional method: {kind: {attribute: method}}.

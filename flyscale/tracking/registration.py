@@ -178,7 +178,8 @@ def resumed(history: TrainHistory) -> str:
     """ "resumed from step 120 (<checkpoint> (local)); 60 of 180 steps computed after it", or ""."""
     if not history.resumed_from:
         return ""
+    resharded = f"; {history.resharded}" if history.resharded else ""
     return (
         f"resumed from step {history.resumed_from_step} ({history.resumed_from}); "
-        f"{history.steps_run} of {history.steps} steps computed after it"
+        f"{history.steps_run} of {history.steps} steps computed after it{resharded}"
     )

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import torch
 
 from flyscale.model import file_sha256
+from flyscale.train import reshard
 from flyscale.train.checkpoint_files import (
     FORMAT,
     MANIFEST,
@@ -60,6 +61,7 @@ from flyscale.train.checkpoint_files import (
     write_file,
 )
 from flyscale.train.distributed import DistContext
+from flyscale.train.reshard import Reshard
 from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -95,10 +97,14 @@ class Checkpointer:
         resume_from: str = "",
         mirror: Mirror | None = None,
         check_every: int = 16,
+        global_batch: int = 0,
+        grad_accum_steps: int = 1,
     ):
         self.root, self.every_steps, self.every_seconds = Path(root), every_steps, every_minutes * 60
         self.keep, self.resume, self.mirror, self.check_every = keep, resume, mirror, check_every
         self.resume_from = resume_from
+        # Recorded in the manifest: what a run resumed on another number of workers must keep.
+        self.global_batch, self.grad_accum_steps = global_batch, grad_accum_steps
         self._last_save = time.monotonic()
         self.saved: list[int] = []  # steps this process checkpointed
         self.seconds_saving = 0.0  # wall time spent writing, on this rank
@@ -160,6 +166,8 @@ class Checkpointer:
                 "strategy": strategy,
                 "sharded": state.sharded,
                 "dcp": state.dtensors,
+                "global_batch": self.global_batch,
+                "grad_accum_steps": self.grad_accum_steps,
                 "signature": state.signature(),
                 "written_at": time.time(),
                 "files": {k: v for part in everyone for k, v in part.items()},
@@ -188,6 +196,33 @@ class Checkpointer:
 
     # -- resuming -----------------------------------------------------------------------------
 
+    def reshard_plan(self, ctx: DistContext) -> Reshard | None:
+        """When the checkpoint a resume would load was written by another number of workers and
+        is sharded (DCP): how this run keeps its global batch (see reshard.py). None otherwise,
+        and when there is nothing to resume. Call it before the loader is built."""
+        saved: tuple[int, bool, int, int] | None = None
+        if ctx.is_main and self.resume:
+            try:
+                found = self._newest()
+                if found is not None:
+                    m = json.loads((found[0] / MANIFEST).read_text())
+                    saved = (
+                        m["world_size"],
+                        m.get("dcp", False),
+                        m.get("global_batch", 0),
+                        m.get("grad_accum_steps", 1),
+                    )
+            except (CheckpointError, OSError, ValueError, KeyError):
+                saved = None  # restore() finds it again and says what is wrong
+        saved = ctx.all_gather_object(saved)[0]
+        if saved is None or saved[0] == ctx.world_size or not saved[1] or not saved[2]:
+            return None
+        world, _, global_batch, accum = saved
+        try:
+            return reshard.plan(world, global_batch, accum, ctx.world_size)
+        except reshard.ReshardError as exc:
+            raise CheckpointError(str(exc)) from None
+
     def restore(self, state: TrainState, ctx: DistContext, strategy: str) -> tuple[Position, Resumed] | None:
         """Load the newest checkpoint of this run into `state`: from the local restart directory,
         or from the mirror (the previous Flyte attempt) where that holds a newer one.
@@ -203,7 +238,7 @@ class Checkpointer:
             try:
                 found = self._newest()
                 if found is not None:
-                    verify(found[0], ctx.world_size, strategy)
+                    verify(found[0], ctx.world_size, strategy, reshardable=True)
                     choice = ("ok", str(found[0]), found[1])
             except CheckpointError as exc:
                 choice = ("error", str(exc), "")
@@ -215,7 +250,14 @@ class Checkpointer:
             raise CheckpointError(where)
         path = Path(where)
         manifest = json.loads((path / MANIFEST).read_text())
-        mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
+        saved_world = manifest["world_size"]
+        if saved_world == ctx.world_size:
+            mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
+        else:  # resharded (verify allowed it: a DCP checkpoint): every saved rank's place in the data
+            files = [
+                torch.load(path / f"rank-{r}.pt", map_location="cpu", weights_only=True) for r in range(saved_world)
+            ]
+            mine = reshard.rank_state(files, ctx.rank)
         if manifest.get("dcp"):
             _same_model(path, manifest["signature"], state)
             import torch.distributed.checkpoint as dcp
@@ -240,7 +282,7 @@ class Checkpointer:
             position.epoch + 1,
             position.batch,
         )
-        return position, Resumed(step=position.step, source=source, path=str(path))
+        return position, Resumed(step=position.step, source=source, path=str(path), world_size=saved_world)
 
     def _newest(self) -> tuple[Path, str] | None:
         """(the newest checkpoint, "local" or "mirror"). A newer one in the mirror is first

@@ -96,6 +96,7 @@ class Resumed:
     step: int
     source: str  # "local" (the restart directory) or "mirror" (the previous Flyte attempt)
     path: str
+    world_size: int = 0  # of the run that wrote it
 
 
 def rng_state() -> dict[str, Any]:

@@ -21,6 +21,12 @@ def wants_meta_model(cfg: TrainConfig) -> bool:
     return bool(cfg.plugin.attribute("meta_model"))
 
 
+def reshards(cfg: TrainConfig) -> bool:
+    """Whether the configured strategy's checkpoints resume on another number of workers
+    (`reshards = True`: its state is DTensors, saved through DCP)."""
+    return bool(cfg.plugin.attribute("reshards"))
+
+
 def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:
     """Refuse, before any data work, a model the configured training cannot train: the loop's
     own needs, then the strategy's `check` (where it has one). ValueError naming what and why."""

@@ -46,6 +46,7 @@ class EpochMetrics:
     # is how busy the network was, not time added to the step.
     grad_comm_fraction: float = 0.0
     peak_memory_mb: float = 0.0  # max over ranks: CUDA allocator peak, else process max RSS
+    samples: int = 0  # training rows of the epoch, over every rank
 
     def per_epoch(self) -> dict[str, float | None]:
         """The metrics MLflow charts per epoch, by their MLflow names (None: not measured)."""
@@ -78,6 +79,7 @@ class TrainHistory:
     steps_run: int = 0  # of those, the steps this (last) attempt computed
     resumed_from_step: int = 0  # the checkpoint's step this attempt resumed from (0: a fresh start)
     resumed_from: str = ""  # that checkpoint's path and where it came from ("" = a fresh start)
+    resharded: str = ""  # how a checkpoint of another number of workers was resumed ("" = it was not)
     checkpoints_saved: int = 0  # in this attempt
     checkpoint_seconds: float = 0.0  # rank 0's wall time spent writing them
     # Per rank, the MiB of parameters, gradients and optimizer state it holds to train (after the
@@ -164,6 +166,7 @@ def epoch_metrics(epoch: int, local: list[float], ctx: DistContext, tracked: boo
         val_accuracy=v_correct / max(v_count, 1),
         seconds=seconds,
         samples_per_s=count / seconds if seconds > 0 else 0.0,
+        samples=int(count),
         data_wait_fraction=wait_all / seconds_all if seconds_all > 0 else 0.0,
         compute_fraction=(seconds_all - wait_all) / seconds_all * seconds / wall if seconds_all > 0 else 0.0,
         comm_fraction=comm / wall if wall > 0 else 0.0,

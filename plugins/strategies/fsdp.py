@@ -200,6 +200,7 @@ class FSDP:
     options_type = FSDPOptions
     per_worker_batch = True  # batch_size rows per rank, as under ddp
     meta_model = True  # each rank gives storage to its own shards only
+    reshards = True  # its checkpoints (DCP) resume on another number of workers
 
     def __call__(
         self,
