@@ -45,6 +45,7 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
     from flyscale_plugins.datasets import digits
     from flyscale_plugins.models import MLP, MLPOptions
     from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+    from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
     from flyscale_plugins.strategies.pipeline import PipelineOptions, pipeline
     from tasks.train import restart_directory
 
@@ -67,7 +68,11 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
         # Dropout draws from the RNG every step: an exact resume must put the RNG back too.
         model = MLP().build(MLPOptions(hidden=[64, 32], dropout=0.2), digits.info(None))
         cfg = TrainConfig(strategy=strategy, epochs=epochs, batch_size=16, lr=2e-3, seed=seed, warmup_epochs=0.5)
-        fn, options = (ddp, DDPOptions()) if strategy == "ddp" else (pipeline, PipelineOptions(microbatches=2))
+        fn, options = {
+            "ddp": (ddp, DDPOptions()),
+            "pipeline": (pipeline, PipelineOptions(microbatches=2)),
+            "fsdp": (fsdp, FSDPOptions()),
+        }[strategy]
         # FLYSCALE_TEST_CKPT_BASE: a base shared by several runs, in which rank 0 claims the run
         # directory as the training task does: keyed by the training (here its seed), held while
         # it trains, owned by FLYSCALE_TEST_OWNER.

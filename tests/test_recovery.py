@@ -101,7 +101,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("strategy", ["ddp", "pipeline"])
+@pytest.mark.parametrize("strategy", ["ddp", "pipeline", "fsdp"])
 def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, strategy, uninterrupted):
     """Both kinds of restart in one run, as a spot node sees them: a worker dies and torch-elastic
     restarts the group (from the local directory); then the whole attempt is preempted and Flyte

@@ -43,6 +43,29 @@ def _newest_step(base) -> int:
     return max((step_of(p) for run in base.glob("run-*") for p in complete_checkpoints(run)), default=0)
 
 
+def _ctrl_c_after(home, args: list[str], env: dict, step: int, log_path) -> int:
+    """`pyflyte run` of the pipeline as a user starts it, Ctrl-C'd (SIGINT to the terminal's
+    process group) once a checkpoint of `step` or later is written; the newest step left."""
+    base = home / ".flyscale" / "checkpoints"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "pyflyte"), "run", *PIPELINE, *args],
+            cwd=REPO,
+            env={**os.environ, **env, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 400
+        while _newest_step(base) < step:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) != 0
+    return _newest_step(base)
+
+
 @pytest.mark.timeout(600)
 def test_the_same_command_after_ctrl_c_resumes_and_ends_with_the_uninterrupted_weights(tmp_path, mlflow_server):
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
@@ -50,27 +73,11 @@ def test_the_same_command_after_ctrl_c_resumes_and_ends_with_the_uninterrupted_w
     reference = run_pipeline(tmp_path / "reference", "--cfg", str(_config(tmp_path, "resume-reference")), env=env)
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
 
-    # The user's run: Ctrl-C (SIGINT to the terminal's process group) two checkpoints in.
+    # The user's run: Ctrl-C two checkpoints in.
     home, cfg = tmp_path / "user", _config(tmp_path, "resume-e2e")
     base = home / ".flyscale" / "checkpoints"
     home.mkdir()
-    with open(tmp_path / "interrupted.log", "w") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "pyflyte"), "run", *PIPELINE, "--cfg", str(cfg)],
-            cwd=REPO,
-            env={**os.environ, **env, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 300
-        while _newest_step(base) < 2 * EVERY:
-            assert proc.poll() is None, (tmp_path / "interrupted.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(120) != 0
-    left = _newest_step(base)
+    left = _ctrl_c_after(home, ["--cfg", str(cfg)], env, 2 * EVERY, tmp_path / "interrupted.log")
     assert 2 * EVERY <= left < 300, f"interrupted at step {left}: not mid-training"
 
     again = run_pipeline(home, "--cfg", str(cfg), env=env)
@@ -86,3 +93,40 @@ def test_the_same_command_after_ctrl_c_resumes_and_ends_with_the_uninterrupted_w
         "params.`mlflow.model_name` = 'resume-e2e'",
     )
     assert sorted(r.info.status for r in runs) == ["FAILED", "FINISHED"], [r.info for r in runs]
+
+
+FSDP_EVERY = 20
+FSDP_SMALL = {  # configs/text-gpt.yaml made small, on the fsdp strategy: 2 workers take 64 sequences a step
+    "tokenize": {"seq_len": 32},
+    "model": {"options": {"layers": 1, "heads": 2, "width": 32}},
+    "train": {"strategy": "fsdp", "epochs": 1, "batch_size": 32},
+    "recovery": {"checkpoint_every_steps": FSDP_EVERY},
+    "mlflow": {"model_name": "reshard-e2e"},
+}
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_fsdp_run_resumes_resharded_on_one_worker_fewer(tmp_path, mlflow_server):
+    """The text preset on fsdp with 2 workers, Ctrl-C after two checkpoints; the same command on
+    one worker resumes from the sharded checkpoint, keeping the global batch, and says so in the
+    summary and in MLflow."""
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+    home, cfg = tmp_path / "user", tmp_path / "fsdp.yaml"
+    cfg.write_text(yaml.safe_dump(FSDP_SMALL))
+    args = ["--cfg", str(REPO / "configs/text-gpt.yaml"), "--cfg", str(cfg)]
+    base = home / ".flyscale" / "checkpoints"
+    home.mkdir()
+    left = _ctrl_c_after(home, args, {**env, "FLYSCALE_NPROC_PER_NODE": "2"}, 2 * FSDP_EVERY, tmp_path / "fsdp.log")
+    shards = sorted(p.name for p in next(base.glob(f"run-*/step-{left:09d}")).glob("sharded/*"))
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each of the 2 ranks wrote its own
+
+    again = run_pipeline(home, *args, env={**env, "FLYSCALE_NPROC_PER_NODE": "1"})
+    out = again.stdout
+    assert again.returncode == 0, out[-3000:] + again.stderr[-3000:]
+    assert f"  training    resumed from step {left} ({base}/run-" in out, out[-3000:]
+    # The global batch kept, in micro-batches of the 32 rows each worker took before.
+    assert "resharded from 2 workers to 1 (global batch 64: 64 rows a worker, 2 micro-batches a step)" in out
+    assert "registered  reshard-e2e v1" in out
+    run_id = MlflowClient(mlflow_server).get_model_version("reshard-e2e", "1").run_id
+    tag = MlflowClient(mlflow_server).get_run(run_id).data.tags["flyscale.resumed_from"]
+    assert "resharded from 2 workers to 1" in tag

@@ -64,9 +64,11 @@ class FlyteMirror:
             files, manifest = Path(tmp) / "files" / checkpoint.name, Path(tmp) / "manifest" / checkpoint.name
             files.mkdir(parents=True)
             manifest.mkdir(parents=True)
-            for f in checkpoint.iterdir():
-                if f.name != MANIFEST:
-                    os.link(f, files / f.name)  # same filesystem: no copy
+            for f in checkpoint.rglob("*"):  # a sharded checkpoint's DCP files are one folder down
+                relative = f.relative_to(checkpoint)
+                if f.is_file() and relative != Path(MANIFEST):
+                    (files / relative).parent.mkdir(parents=True, exist_ok=True)
+                    os.link(f, files / relative)  # same filesystem: no copy
             shutil.copy2(checkpoint / MANIFEST, manifest / MANIFEST)
             self._cp.save(files.parent)
             self._cp.save(manifest.parent)
