@@ -51,7 +51,12 @@ LAUNCHER = Setting(
     "how training workers start: `elastic` (torch-elastic: local processes, or a PyTorchJob of "
     "elastic pods) or `pytorch` (a classic PyTorchJob of one master and worker pods)",
 )
-NNODES = Setting("FLYSCALE_NNODES", "1", "nodes (pods) of the training job on a cluster; a local run uses one")
+NNODES = Setting(
+    "FLYSCALE_NNODES",
+    "1",
+    "nodes (pods) of the training job on a cluster, or a range MIN:MAX (elastic: it trains on as few as MIN); "
+    "a local run uses one",
+)
 NPROC_PER_NODE = Setting("FLYSCALE_NPROC_PER_NODE", "2", "training worker processes per node")
 MAX_RESTARTS = Setting(
     "FLYSCALE_MAX_RESTARTS",

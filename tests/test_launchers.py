@@ -45,6 +45,15 @@ def test_pytorchjob_launcher_has_master_workers_and_resources(monkeypatch):
         assert requests == {"CPU": "8", "MEMORY": "32Gi", "GPU": "1"}
 
 
+def test_an_elastic_range_of_nodes_serialises_as_the_pytorchjobs_min_and_max_replicas(monkeypatch):
+    from flyscale.cluster import launchers
+
+    t, custom = _train_task_custom(monkeypatch, FLYSCALE_NNODES="1:4", FLYSCALE_NPROC_PER_NODE="2")
+    assert custom["elasticConfig"]["minReplicas"] == 1 and custom["elasticConfig"]["maxReplicas"] == 4
+    assert custom["workerReplicas"]["replicas"] == 4 and custom["elasticConfig"]["nprocPerNode"] == 2
+    assert launchers.planned_world_size() == 8  # the most it trains on: what the preflight plans for
+
+
 def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):
     from flyscale.cluster import resources
 
@@ -66,6 +75,9 @@ def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):
         ({"FLYSCALE_LAUNCHER": "mpi"}, "FLYSCALE_LAUNCHER must be"),
         ({"FLYSCALE_LAUNCHER": "pytorch"}, "NNODES >= 2"),
         ({"FLYSCALE_NPROC_PER_NODE": "0"}, "must be >= 1"),
+        ({"FLYSCALE_NNODES": "4:2"}, r"a range needs 1 <= MIN <= MAX"),
+        ({"FLYSCALE_NNODES": "1:x"}, r"a whole number or a range MIN:MAX, got '1:x'"),
+        ({"FLYSCALE_LAUNCHER": "pytorch", "FLYSCALE_NNODES": "2:4"}, "a range of nodes is torch-elastic's"),
     ],
 )
 def test_bad_launcher_settings_are_named(monkeypatch, env, message):

@@ -94,7 +94,7 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
             transient_faults_retryable(),
             worker_errors_said_plainly(),
         ):
-            if self.min_nodes > 1 and not in_pytorchjob():
+            if self.max_nodes > 1 and not in_pytorchjob():  # a range "1:4" too: no peers will come
                 log.warning(
                     "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
                     self.task_config.nnodes,
@@ -215,10 +215,27 @@ def launcher_facts() -> str:
     return ":".join(f"{s.name}={s.get()}" for s in LAUNCHER_SETTINGS if s is not settings.MAX_RESTARTS)
 
 
+def node_range() -> tuple[int, int]:
+    """(fewest, most) nodes from FLYSCALE_NNODES: "N", or "MIN:MAX" for an elastic job that keeps
+    training on fewer nodes than it asked for (torch-elastic's `--nnodes MIN:MAX`)."""
+    text = settings.NNODES.get()
+    if ":" not in text:
+        n = settings.NNODES.integer(1)
+        return n, n
+    low, _, high = text.partition(":")
+    try:
+        fewest, most = int(low), int(high)
+    except ValueError:
+        raise ValueError(f"FLYSCALE_NNODES must be a whole number or a range MIN:MAX, got {text!r}") from None
+    if not 1 <= fewest <= most:
+        raise ValueError(f"FLYSCALE_NNODES={text!r}: a range needs 1 <= MIN <= MAX")
+    return fewest, most
+
+
 def planned_world_size() -> int:
     """How many worker processes the configured launcher trains with on a cluster (a classic
-    PyTorchJob: one a pod; elastic: nodes times processes per node)."""
-    nnodes = settings.NNODES.integer(1)
+    PyTorchJob: one a pod; elastic: nodes times processes per node, the most of a range)."""
+    nnodes = node_range()[1]
     return nnodes if settings.LAUNCHER.get() == "pytorch" else nnodes * settings.NPROC_PER_NODE.integer(1)
 
 
@@ -258,9 +275,14 @@ def worker_start_method(nproc_per_node: int) -> str:
 def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
     """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
     launcher = settings.LAUNCHER.get()
-    nnodes, nproc = settings.NNODES.integer(1), settings.NPROC_PER_NODE.integer(1)
+    (fewest, nnodes), nproc = node_range(), settings.NPROC_PER_NODE.integer(1)
     restarts = settings.MAX_RESTARTS.integer(0)
     if launcher == "pytorch":
+        if fewest != nnodes:
+            raise ValueError(
+                f"FLYSCALE_NNODES={settings.NNODES.get()!r}: a range of nodes is torch-elastic's; "
+                f"FLYSCALE_LAUNCHER=pytorch runs a fixed number of pods"
+            )
         if nnodes < 2:
             raise ValueError("FLYSCALE_LAUNCHER=pytorch needs FLYSCALE_NNODES >= 2 (one master plus workers)")
         pod = resources.CLUSTER.training.resources(1)  # one process per pod
@@ -271,13 +293,15 @@ def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
         )
     if launcher != "elastic":
         raise ValueError(f"FLYSCALE_LAUNCHER must be 'elastic' or 'pytorch', got {launcher!r}")
-    return elastic_launcher(nnodes, nproc, restarts)
+    return elastic_launcher(nnodes if fewest == nnodes else f"{fewest}:{nnodes}", nproc, restarts)
 
 
-def elastic_launcher(nnodes: int, nproc: int, restarts: int) -> LocalSafeElastic:
-    """torch-elastic on `nnodes` nodes of `nproc` worker processes, restarting them up to `restarts` times."""
+def elastic_launcher(nnodes: int | str, nproc: int, restarts: int) -> LocalSafeElastic:
+    """torch-elastic on `nnodes` nodes (or a range "MIN:MAX") of `nproc` worker processes,
+    restarting them up to `restarts` times."""
+    most = int(str(nnodes).rpartition(":")[2])
     # Short rendezvous timeouts locally; a cluster may wait for pods to be scheduled.
-    timeouts = {"timeout": 900, "join_timeout": 900} if nnodes > 1 else {"timeout": 120, "join_timeout": 120}
+    timeouts = {"timeout": 900, "join_timeout": 900} if most > 1 else {"timeout": 120, "join_timeout": 120}
     return LocalSafeElastic(
         nnodes=nnodes,
         nproc_per_node=nproc,
