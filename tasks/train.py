@@ -136,7 +136,8 @@ def train_job(
                 global_batch=global_batch(train_fn, cfg, ctx.world_size),
                 grad_accum_steps=cfg.grad_accum_steps,
             )
-            plan = checkpointer.reshard_plan(ctx) if reshards(cfg) else None
+            per_worker = bool(getattr(train_fn, "per_worker_batch", True))
+            plan = checkpointer.reshard_plan(ctx, per_worker) if reshards(cfg) else None
             if plan is not None:  # the checkpoint's global batch, on this many workers
                 cfg = plan.apply(cfg)
                 if ctx.is_main:

@@ -159,10 +159,10 @@ def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weigh
     (killed, files), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 3, timeout=150)
     assert killed == "killed"
     # Each rank wrote its own shards through DCP; nobody wrote the whole model.
-    assert [f for f in files if f.startswith("sharded/")] == [
-        "sharded/.metadata",
-        "sharded/__0_0.distcp",
-        "sharded/__1_0.distcp",
+    assert [f for f in files if f.startswith("state/")] == [
+        "state/.metadata",
+        "state/__0_0.distcp",
+        "state/__1_0.distcp",
     ]
     assert not [f for f in files if f.startswith("state-")]
     (resumed, step), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 0, timeout=150)
@@ -200,7 +200,12 @@ def test_a_checkpoint_of_two_workers_resumes_resharded_on_one_or_three(tmp_path,
     state, epochs, resharded, batch = run_on_ranks(
         _resharding_rank, world, cfg, str(tmp_path / "cut"), 0, rows, timeout=150
     )[0]
-    assert batch == 12 // world and resharded.startswith(f"resharded from 2 workers to {world} (global batch 12")
+    micro = 2 if world == 1 else 1  # 12 rows a worker on 1, in micro-batches of the 6 each took before
+    assert batch == 12 // world
+    assert resharded == (
+        f"resharded from 2 workers to {world} (the global batch kept: {12 // world} rows a worker, "
+        f"{micro} micro-batch{'es' if micro > 1 else ''} a step)"
+    )
     for (loss, samples), (want_loss, want_samples) in zip(epochs, whole_epochs, strict=True):
         assert samples == want_samples == rows  # no row of an epoch skipped or seen twice
         assert loss == pytest.approx(want_loss, rel=1e-5)

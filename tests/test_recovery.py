@@ -253,9 +253,11 @@ def _saved(tmp_path: Path, steps: list[int]) -> Checkpointer:
 def test_a_truncated_checkpoint_is_refused_naming_it(tmp_path):
     ckpt = _saved(tmp_path, [1, 2])
     newest = complete_checkpoints(ckpt.root)[-1]
-    part = newest / "state-0.pt"
+    part = newest / "state" / "__0_0.distcp"
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=rf"{newest}.*state-0.pt is \d+ bytes, the manifest says \d+ \(truncated"):
+    with pytest.raises(
+        CheckpointError, match=rf"{newest}.*state/__0_0.distcp is \d+ bytes, the manifest says \d+ \(truncated"
+    ):
         ckpt.restore(_state(), DistContext(), "ddp")
 
 
@@ -272,7 +274,7 @@ def test_a_corrupt_or_unfinished_checkpoint_is_refused(tmp_path):
         ckpt.restore(_state(), DistContext(), "ddp")
 
 
-def test_a_checkpoint_of_another_model_or_world_size_is_refused(tmp_path):
+def test_a_checkpoint_of_another_model_or_strategy_is_refused(tmp_path):
     ckpt = _saved(tmp_path, [3])
     with pytest.raises(
         CheckpointError,
@@ -280,21 +282,8 @@ def test_a_checkpoint_of_another_model_or_world_size_is_refused(tmp_path):
         r"float32 \[16\] in this model",
     ):
         ckpt.restore(_state(hidden=16), DistContext(), "ddp")
-    with pytest.raises(CheckpointError, match=r"written by 1 workers and this run has 2"):
-        # The world size is checked from the manifest, before any collective or any load.
-        ckpt.restore(_state(), _Pretend(world_size=2), "ddp")
     with pytest.raises(CheckpointError, match=r"written by strategy 'ddp', this run uses 'pipeline'"):
         ckpt.restore(_state(), DistContext(), "pipeline")
-
-
-class _Pretend(DistContext):
-    """Rank 0 of a larger job, for the checks that run before anything is exchanged."""
-
-    def all_gather_object(self, obj):
-        return [obj] * self.world_size
-
-    def barrier(self):
-        pass
 
 
 def test_a_good_checkpoint_restores_the_state_and_position(tmp_path):
@@ -359,11 +348,13 @@ def test_the_training_key_changes_with_what_is_trained():
         identity(DataFingerprint("digits", "abd", "stat"), model, train, 2, aug, goal),
         identity(data, ModelConfig(name="cnn"), train, 2, aug, goal),
         identity(data, model, TrainConfig(seed=train.seed + 1), 2, aug, goal),
-        identity(data, model, train, 3, aug, goal),
         identity(data, model, train, 2, AugmentConfig(names=["shift"]), goal),  # typed examples: augmented as drawn
         identity(data, model, train, 2, aug, ObjectiveConfig("regression")),  # another loss, another model
     ]
-    assert key not in others and len(set(others)) == 6
+    assert key not in others and len(set(others)) == 5
+    # Not the worker count: every built-in strategy's checkpoints reshard, so the same training
+    # run again on 3 workers finds the directory 2 workers left.
+    assert identity(data, model, train, 3, aug, goal) == key
 
 
 def test_resume_from_names_a_checkpoint_explicitly(tmp_path):

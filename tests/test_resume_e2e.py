@@ -117,7 +117,7 @@ def test_a_stopped_fsdp_run_resumes_resharded_on_one_worker_fewer(tmp_path, mlfl
     base = home / ".flyscale" / "checkpoints"
     home.mkdir()
     left = _ctrl_c_after(home, args, {**env, "FLYSCALE_NPROC_PER_NODE": "2"}, 2 * FSDP_EVERY, tmp_path / "fsdp.log")
-    shards = sorted(p.name for p in next(base.glob(f"run-*/step-{left:09d}")).glob("sharded/*"))
+    shards = sorted(p.name for p in next(base.glob(f"run-*/step-{left:09d}")).glob("state/*"))
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # each of the 2 ranks wrote its own
 
     again = run_pipeline(home, *args, env={**env, "FLYSCALE_NPROC_PER_NODE": "1"})
@@ -125,7 +125,7 @@ def test_a_stopped_fsdp_run_resumes_resharded_on_one_worker_fewer(tmp_path, mlfl
     assert again.returncode == 0, out[-3000:] + again.stderr[-3000:]
     assert f"  training    resumed from step {left} ({base}/run-" in out, out[-3000:]
     # The global batch kept, in micro-batches of the 32 rows each worker took before.
-    assert "resharded from 2 workers to 1 (global batch 64: 64 rows a worker, 2 micro-batches a step)" in out
+    assert "resharded from 2 workers to 1 (the global batch kept: 64 rows a worker, 2 micro-batches a step)" in out
     assert "registered  reshard-e2e v1" in out
     run_id = MlflowClient(mlflow_server).get_model_version("reshard-e2e", "1").run_id
     tag = MlflowClient(mlflow_server).get_run(run_id).data.tags["flyscale.resumed_from"]

@@ -2,23 +2,24 @@
 
 A checkpoint is a directory `step-000000123/` holding
 
-    rank-<r>.pt     every rank: its place in the data (epoch, batch, the epoch's partial sums)
-                    and its RNG states (Python, numpy, torch, CUDA)
-    state-<r>.pt    model, optimizer, LR scheduler and grad scaler: written by every rank when
-                    the strategy shards them (a pipeline stage per rank), by rank 0 alone when
-                    every rank holds the same (DDP)
-    sharded/        instead of state files, when the model is sharded into DTensors (fsdp):
-                    model and optimizer state written by torch.distributed.checkpoint (DCP),
-                    each rank its own shards, rank 0 the metadata that maps them; the
-                    scheduler's and scaler's state then travel in the rank files
-    manifest.json   written last, by rank 0: the step, the world size, the strategy, and each
-                    file's size, sha256 and the shapes of what it holds
+    state/          model and optimizer tensors, written by torch.distributed.checkpoint (DCP):
+                    each rank writes what it holds (its shards under fsdp, its stage under the
+                    pipeline strategy; what every rank holds alike, as under ddp, once), rank 0
+                    the metadata that maps them to the whole tensors. DCP reads them back at
+                    any world size, which is what lets a run resume on another number of
+                    workers (reshard.py)
+    rank-<r>.pt     every rank: its place in the data (epoch, batch, the epoch's partial sums),
+                    its RNG states (Python, numpy, torch, CUDA), the optimizer's
+                    hyperparameters, the LR scheduler's and the grad scaler's state
+    manifest.json   written last, by rank 0: the step, the world size and global batch, the
+                    strategy, and each file's size and sha256
 
 Every file is written under a `.partial` directory that is renamed into place only when all
 ranks have written theirs, so a directory without `.partial` is complete or was damaged
 afterwards. Damage (a missing, truncated or altered file) and incompatibility (another model,
-another world size) are found from the manifest before anything is loaded, and refused with
-the path and what is wrong. Files are read with `torch.load(weights_only=True)`: no pickle.
+another strategy) are found before anything is loaded (the manifest, DCP's metadata), and
+refused with the path and what is wrong. Rank files are read with
+`torch.load(weights_only=True)`: no pickle.
 
 Three kinds of restart find them:
 - torch-elastic restarting the worker group inside one Flyte attempt, and the same command run
@@ -33,7 +34,6 @@ files, their manifest and their checks are in `checkpoint_files`; here, who writ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed.checkpoint as dcp
 
 from flyscale.model import file_sha256
 from flyscale.train import reshard
@@ -66,7 +67,7 @@ from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_r
 
 log = logging.getLogger(__name__)
 
-SHARDED = "sharded"  # the DCP directory of a checkpoint whose model is sharded (FSDP2's DTensors)
+STATE = "state"  # the DCP directory of model and optimizer state
 
 
 class Mirror(Protocol):
@@ -133,30 +134,19 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # a save cut short by an earlier crash
             partial.mkdir(parents=True)
         ctx.barrier()
-        files = {}
-        rank_file: dict[str, Any] = {"position": _position_dict(position), "rng": rng_state()}
-        if state.dtensors:
-            # Collective: each rank writes its own shards, rank 0 the metadata that maps them.
-            import torch.distributed.checkpoint as dcp
-
-            dcp.save(state.sharded_state(), checkpoint_id=partial / SHARDED)
-            rank_file["schedule"] = state.schedule_state()
-        elif state.sharded or ctx.is_main:
-            own = {**state.state_dict(), "signature": state.signature()}
-            files[f"state-{ctx.rank}.pt"] = {
-                **write_file(own, partial / f"state-{ctx.rank}.pt"),
-                "signature": hashlib.sha256(json.dumps(own["signature"]).encode()).hexdigest(),
-            }
-        files[f"rank-{ctx.rank}.pt"] = write_file(rank_file, partial / f"rank-{ctx.rank}.pt")
+        # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
+        # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
+        dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
+        rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
+        files = {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
         everyone = ctx.all_gather_object(files)  # also: every rank has written its files
         if ctx.is_main:
-            if state.dtensors:  # every rank's shards are written (the gather above waited for them)
-                everyone.append(
-                    {
-                        f"{SHARDED}/{f.name}": {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
-                        for f in sorted((partial / SHARDED).iterdir())
-                    }
-                )
+            everyone.append(
+                {
+                    f"{STATE}/{f.name}": {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+                    for f in sorted((partial / STATE).iterdir())
+                }
+            )
             manifest = {
                 "format": FORMAT,
                 "step": position.step,
@@ -164,11 +154,8 @@ class Checkpointer:
                 "batch": position.batch,
                 "world_size": ctx.world_size,
                 "strategy": strategy,
-                "sharded": state.sharded,
-                "dcp": state.dtensors,
                 "global_batch": self.global_batch,
                 "grad_accum_steps": self.grad_accum_steps,
-                "signature": state.signature(),
                 "written_at": time.time(),
                 "files": {k: v for part in everyone for k, v in part.items()},
             }
@@ -196,30 +183,26 @@ class Checkpointer:
 
     # -- resuming -----------------------------------------------------------------------------
 
-    def reshard_plan(self, ctx: DistContext) -> Reshard | None:
-        """When the checkpoint a resume would load was written by another number of workers and
-        is sharded (DCP): how this run keeps its global batch (see reshard.py). None otherwise,
-        and when there is nothing to resume. Call it before the loader is built."""
-        saved: tuple[int, bool, int, int] | None = None
+    def reshard_plan(self, ctx: DistContext, per_worker_batch: bool = True) -> Reshard | None:
+        """When the checkpoint a resume would load was written by another number of workers: how
+        this run keeps its global batch (see reshard.py; `per_worker_batch` as the strategy
+        says). None otherwise, and when there is nothing to resume. Call it before the loader is
+        built."""
+        saved: tuple[int, int, int] | None = None
         if ctx.is_main and self.resume:
             try:
                 found = self._newest()
                 if found is not None:
                     m = json.loads((found[0] / MANIFEST).read_text())
-                    saved = (
-                        m["world_size"],
-                        m.get("dcp", False),
-                        m.get("global_batch", 0),
-                        m.get("grad_accum_steps", 1),
-                    )
+                    saved = (m["world_size"], m.get("global_batch", 0), m.get("grad_accum_steps", 1))
             except (CheckpointError, OSError, ValueError, KeyError):
                 saved = None  # restore() finds it again and says what is wrong
         saved = ctx.all_gather_object(saved)[0]
-        if saved is None or saved[0] == ctx.world_size or not saved[1] or not saved[2]:
+        if saved is None or saved[0] == ctx.world_size or not saved[1]:
             return None
-        world, _, global_batch, accum = saved
+        world, global_batch, accum = saved
         try:
-            return reshard.plan(world, global_batch, accum, ctx.world_size)
+            return reshard.plan(world, global_batch, accum, ctx.world_size, per_worker_batch)
         except reshard.ReshardError as exc:
             raise CheckpointError(str(exc)) from None
 
@@ -238,7 +221,7 @@ class Checkpointer:
             try:
                 found = self._newest()
                 if found is not None:
-                    verify(found[0], ctx.world_size, strategy, reshardable=True)
+                    verify(found[0], strategy)
                     choice = ("ok", str(found[0]), found[1])
             except CheckpointError as exc:
                 choice = ("error", str(exc), "")
@@ -253,25 +236,17 @@ class Checkpointer:
         saved_world = manifest["world_size"]
         if saved_world == ctx.world_size:
             mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
-        else:  # resharded (verify allowed it: a DCP checkpoint): every saved rank's place in the data
+        else:  # resharded: every saved rank's place in the data
             files = [
                 torch.load(path / f"rank-{r}.pt", map_location="cpu", weights_only=True) for r in range(saved_world)
             ]
             mine = reshard.rank_state(files, ctx.rank)
-        if manifest.get("dcp"):
-            _same_model(path, manifest["signature"], state)
-            import torch.distributed.checkpoint as dcp
-
-            # Collective: each rank reads the slices of the saved shards that make up its own.
-            sharded = state.sharded_state()
-            dcp.load(sharded, checkpoint_id=path / SHARDED)
-            state.load_sharded_state(sharded)
-            state.load_schedule_state(mine["schedule"])
-        else:
-            owner = ctx.rank if manifest["sharded"] else 0
-            own = torch.load(path / f"state-{owner}.pt", map_location=ctx.device, weights_only=True)
-            _same_model(path, own["signature"], state)
-            state.load_state_dict(own)
+        _same_model(path, state)
+        # Collective: each rank reads the slices of what was saved that make up what it holds now.
+        held = state.sharded_state()
+        dcp.load(held, checkpoint_id=path / STATE)
+        state.load_sharded_state(held)
+        state.load_schedule_state(mine["schedule"])
         position = Position(**mine["position"])
         self._rng_after_skip = mine["rng"]
         log.info(
@@ -315,11 +290,23 @@ class Checkpointer:
             self._rng_after_skip = None
 
 
-def _same_model(path: Path, saved: list[list], state: TrainState) -> None:
-    if saved != state.signature():
+def _same_model(path: Path, state: TrainState) -> None:
+    """CheckpointError unless the checkpoint holds every tensor this rank's module has, in the same
+    shape and dtype (and, for a whole model, no other): from DCP's metadata, before any load."""
+    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
+    saved = [
+        [k.removeprefix("model."), list(m.size), str(m.properties.dtype)]
+        for k, m in metadata.items()
+        if k.startswith("model.") and isinstance(m, dcp.metadata.TensorStorageMetadata)
+    ]
+    mine = state.signature()
+    names = {s[0] for s in mine}
+    # A pipeline stage holds some of the model's layers: those, not all, must be there.
+    compared = [s for s in saved if s[0] in names] if state.stage else saved
+    if sorted(compared) != sorted(mine):
         raise CheckpointError(
             f"checkpoint {path} holds another model than this run builds: "
-            f"{tensor_difference(saved, state.signature())}. "
+            f"{tensor_difference(compared, mine)}. "
             f"Start afresh (recovery.resume: false) or train the model it was written for"
         )
 

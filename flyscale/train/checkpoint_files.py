@@ -17,7 +17,7 @@ from flyscale.model import file_sha256
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: model and optimizer state through DCP (state/), any world size can resume it
 
 
 MANIFEST = "manifest.json"
@@ -49,12 +49,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if p.is_dir() and not p.name.endswith(PARTIAL))
 
 
-def verify(path: Path, world_size: int, strategy: str, reshardable: bool = False) -> dict[str, Any]:
+def verify(path: Path, strategy: str) -> dict[str, Any]:
     """The manifest of checkpoint `path` once every file it names is whole; CheckpointError if not.
 
     Checks everything that can be known before loading: the manifest parses, every file is
-    there with its size and sha256, and the world size and strategy are this run's. With
-    `reshardable`, a sharded (DCP) checkpoint may come from another world size.
+    there with its size and sha256, and the strategy is this run's. (Any world size: the model
+    and optimizer state are DCP's, which reshards on load; reshard.py keeps the rest.)
     """
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -78,12 +78,6 @@ def verify(path: Path, world_size: int, strategy: str, reshardable: bool = False
             )
         if file_sha256(f) != meta["sha256"]:
             raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 in the manifest (corrupt)")
-    if manifest["world_size"] != world_size and not (reshardable and manifest.get("dcp")):
-        raise CheckpointError(
-            f"checkpoint {path} was written by {manifest['world_size']} workers and this run has {world_size}; "
-            f"its per-rank data positions and shards do not carry over. Run with "
-            f"FLYSCALE_NPROC_PER_NODE={manifest['world_size']}, or start afresh (recovery.resume: false)"
-        )
     if manifest["strategy"] != strategy:
         raise CheckpointError(
             f"checkpoint {path} was written by strategy {manifest['strategy']!r}, this run uses {strategy!r}"

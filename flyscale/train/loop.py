@@ -185,8 +185,8 @@ def fit(
             history.resumed_from_step, history.resumed_from = resumed.step, f"{resumed.path} ({resumed.source})"
             if resumed.world_size != ctx.world_size:
                 history.resharded = (
-                    f"resharded from {resumed.world_size} workers to {ctx.world_size} (global batch "
-                    f"{cfg.batch_size * ctx.world_size}: {cfg.batch_size} rows a worker, {cfg.grad_accum_steps} "
+                    f"resharded from {resumed.world_size} workers to {ctx.world_size} (the global batch kept: "
+                    f"{cfg.batch_size} rows a worker, {cfg.grad_accum_steps} "
                     f"micro-batch{'es' if cfg.grad_accum_steps > 1 else ''} a step)"
                 )
             history.epochs = [EpochMetrics(**m) for m in position.history]

@@ -51,8 +51,12 @@ class Reshard:
         )
 
 
-def plan(saved_world: int, global_batch: int, saved_accum: int, world: int) -> Reshard:
-    """The per-worker batch and accumulation on `world` workers that keep `global_batch`."""
+def plan(saved_world: int, global_batch: int, saved_accum: int, world: int, per_worker_batch: bool = True) -> Reshard:
+    """The per-worker batch and accumulation on `world` workers that keep `global_batch`. A
+    strategy whose every worker sees the global batch (`per_worker_batch` False: pipelining)
+    keeps it as it is."""
+    if not per_worker_batch:
+        return Reshard(saved_world, world, global_batch, global_batch, saved_accum)
     if global_batch % world:
         fits = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
         raise ReshardError(

@@ -16,60 +16,54 @@ from torch import nn
 class TrainState:
     """What a strategy hands `fit` so that training can be checkpointed and resumed.
 
-    `module` is this rank's part of the model: the whole model for DDP, its stage for the
-    pipeline strategy (`sharded`), whose optimizer then holds only that stage's state.
+    `module` is what this rank holds of the model: the whole model (ddp), its shards of every
+    tensor (fsdp: DTensors), or its stage's layers (pipeline: `stage`, whose optimizer then holds
+    only that stage's state).
     """
 
     module: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any = None
     scaler: Any = None
-    sharded: bool = False
+    stage: bool = False  # `module` is some of the model's layers, not all
 
     def signature(self) -> list[list]:
         """[name, shape, dtype] of every tensor in the module's state: what 'the same model' means."""
         return [[k, list(v.shape), str(v.dtype)] for k, v in self.module.state_dict().items()]
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(), **self.schedule_state()}
-
-    @property
-    def dtensors(self) -> bool:
-        """Whether the module's parameters are DTensors (sharded by FSDP2): then each rank writes its
-        own shards with torch.distributed.checkpoint (DCP), and any number of ranks can read them."""
-        return any(hasattr(p, "device_mesh") for p in self.module.parameters())
-
     def sharded_state(self) -> dict[str, Any]:
-        """Model and optimizer state as DCP saves and loads it: DTensors, keyed by parameter name."""
+        """The model's and the optimizer's tensors as torch.distributed.checkpoint saves and loads
+        them, keyed by parameter name: what this rank holds (plain tensors, or DTensors of its
+        shards). The optimizer's hyperparameters travel in `schedule_state`: DCP writes a value
+        that is not a tensor from one rank only, and a pipeline stage's groups are its own."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model, optimizer = get_state_dict(self.module, self.optimizer)
-        return {"model": model, "optimizer": optimizer}
+        return {"model": model, "optimizer": {"state": optimizer["state"]}}
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_state_dict
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        set_state_dict(
-            self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-        )
+        _, current = get_state_dict(self.module, self.optimizer)  # its groups, by name, as set_state_dict wants
+        optimizer = {"state": state["optimizer"]["state"], "param_groups": current["param_groups"]}
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=optimizer)
 
     def schedule_state(self) -> dict[str, Any]:
-        """The LR scheduler's and grad scaler's state: the same on every rank."""
+        """The optimizer's hyperparameters (the scheduled lr among them), the LR scheduler's and
+        the grad scaler's state: the same on every rank."""
         return {
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
     def load_schedule_state(self, state: dict[str, Any]) -> None:
+        for group, saved in zip(self.optimizer.param_groups, state.get("param_groups") or []):
+            group.update(saved)
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.load_schedule_state(state)
 
 
 @dataclass

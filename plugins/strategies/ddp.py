@@ -111,6 +111,7 @@ class DDP:
 
     options_type = DDPOptions
     per_worker_batch = True  # batch_size rows per rank; the global batch is that times the world size
+    reshards = True  # its checkpoints resume on another number of workers, the global batch kept
 
     def __call__(
         self,

@@ -248,7 +248,7 @@ def _train(
         ctx,
         strategy="fsdp",
         optimizer=optimizer,
-        state=TrainState(model, optimizer, scheduler, step.scaler, sharded=ctx.distributed),
+        state=TrainState(model, optimizer, scheduler, step.scaler),
         hooks=hooks,
     )
     return TrainResult(model=gather(model, template, ctx) if ctx.distributed else model, history=history)

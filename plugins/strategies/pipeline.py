@@ -332,6 +332,7 @@ class Pipeline:
     # `train.batch_size` is the global batch: every stage sees it (the preflight needs to know).
     per_worker_batch = False
     meta_model = True  # the training task hands it the model on the meta device: each rank materialises its stage
+    reshards = True  # its checkpoints resume on another number of stages (every stage sees the global batch)
 
     def __call__(
         self,
@@ -368,7 +369,7 @@ def _train(
     scheduler = make_scheduler(optimizer, cfg, len(loader))
     evaluate = stage_evaluator(stage, data, ctx) if stage.schedule is not None else data.evaluator(stage.module, ctx)
     # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
-    state = TrainState(stage.module, optimizer, scheduler, sharded=stage.schedule is not None)
+    state = TrainState(stage.module, optimizer, scheduler, stage=stage.schedule is not None)
     history = fit(
         model,
         pipeline_step(stage, optimizer, cfg, ctx, scheduler),
