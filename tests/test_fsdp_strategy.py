@@ -1,7 +1,8 @@
 """The fsdp strategy (FSDP2) computes what one process computes, while each rank holds only its
 shards: a tied GPT at world size 2, built on the meta device, against a plain loop over the
 doubled batch from the same per-layer initial weights, with clipping, gradient accumulation and
-a warm-up schedule; real gloo ranks."""
+a warm-up schedule. Its checkpoints (DCP) resume exactly after a kill, and, like ddp's, on
+another number of workers with the global batch kept; real gloo ranks."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import process_group
 from flyscale.train.loop import Hooks
 from flyscale.train.telemetry import state_bytes
+from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
 from tests.distributed_helpers import run_on_ranks
 
@@ -171,15 +173,21 @@ def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weigh
         torch.testing.assert_close(resumed[name], ref, rtol=0, atol=0, msg=name)
 
 
-def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int):
+def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int, strategy: str = "fsdp"):
     """As the training task does: the checkpointer records the global batch, and a checkpoint
-    of another world size is resumed with it kept (the per-worker batch adapted)."""
+    of another world size is resumed with it kept (the per-worker batch adapted). `ddp`: the
+    same per-layer initial weights, built in memory."""
     with process_group(timeout_s=60) as ctx:
         ckpt = _DiesAfter(Path(root), die_at, every_steps=3, global_batch=cfg.batch_size * ctx.world_size)
         plan = ckpt.reshard_plan(ctx)
         cfg = plan.apply(cfg) if plan is not None else cfg
         try:
-            result = fsdp(_gpt(), _data(rows), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt))
+            hooks = Hooks(checkpointer=ckpt)
+            if strategy == "fsdp":
+                result = fsdp(_gpt(), _data(rows), cfg, ctx, FSDPOptions(), hooks)
+            else:
+                model = meta.materialise(_gpt(), "cpu", cfg.seed)
+                result = ddp(model, _data(rows), dataclasses.replace(cfg, strategy="ddp"), ctx, DDPOptions(), hooks)
         except _Killed:
             return "killed"
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
@@ -188,17 +196,21 @@ def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("world", [1, 3])
-def test_a_checkpoint_of_two_workers_resumes_resharded_on_one_or_three(tmp_path, world):
+@pytest.mark.parametrize("strategy, world", [("fsdp", 1), ("fsdp", 3), ("ddp", 1)])
+def test_a_checkpoint_of_two_workers_resumes_resharded_on_one_or_three(tmp_path, strategy, world):
     """Global batch 12 (6 a worker on 2); 4 steps an epoch, 2 epochs; killed after step 3, mid-epoch.
     Resumed on `world` workers the run keeps the global batch and the epoch's rows, and ends
     where the uninterrupted run ends (to the tolerance of a different reduction order)."""
     cfg = dataclasses.replace(CFG, epochs=2, batch_size=6, grad_accum_steps=1)
     rows = 12 * 4
-    whole, whole_epochs, _, _ = run_on_ranks(_resharding_rank, 2, cfg, str(tmp_path / "whole"), 0, rows, timeout=150)[0]
-    assert run_on_ranks(_resharding_rank, 2, cfg, str(tmp_path / "cut"), 3, rows, timeout=150) == ["killed"] * 2
+    whole, whole_epochs, _, _ = run_on_ranks(
+        _resharding_rank, 2, cfg, str(tmp_path / "whole"), 0, rows, strategy, timeout=150
+    )[0]
+    assert (
+        run_on_ranks(_resharding_rank, 2, cfg, str(tmp_path / "cut"), 3, rows, strategy, timeout=150) == ["killed"] * 2
+    )
     state, epochs, resharded, batch = run_on_ranks(
-        _resharding_rank, world, cfg, str(tmp_path / "cut"), 0, rows, timeout=150
+        _resharding_rank, world, cfg, str(tmp_path / "cut"), 0, rows, strategy, timeout=150
     )[0]
     micro = 2 if world == 1 else 1  # 12 rows a worker on 1, in micro-batches of the 6 each took before
     assert batch == 12 // world
