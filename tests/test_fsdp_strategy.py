@@ -234,3 +234,31 @@ def test_a_global_batch_the_new_worker_count_cannot_split_is_refused_naming_thos
         plan(2, 12, 1, 5)
     kept = plan(2, 12, 2, 1)  # 6 a worker in 2 micro-batches of 3: now 12 in 4 of 3
     assert (kept.batch_size, kept.grad_accum_steps) == (12, 4)
+
+
+def test_the_units_are_the_blocks_of_a_tied_gpt_or_the_classes_named():
+    from flyscale_plugins.strategies.fsdp import units_of
+
+    tied, untied = (
+        _gpt(),
+        build_model(
+            ModelConfig(name="gpt", options={"layers": 2, "heads": 2, "width": 32, "tie_embeddings": False}),
+            INFO,
+            meta=True,
+        ),
+    )
+    # The embedding and head share a weight: they are sharded with the root, the blocks alone.
+    assert [type(m).__name__ for m in units_of(tied, FSDPOptions())] == ["Block", "Block"]
+    assert [type(m).__name__ for m in units_of(untied, FSDPOptions())] == ["Embedding", "Block", "Block", "Head"]
+    assert [type(m).__name__ for m in units_of(untied, FSDPOptions(units=["Head"]))] == ["Head"]
+    with pytest.raises(ValueError, match=r"train.options.units \['Blocks'\] names no module of this model; .*Block"):
+        units_of(tied, FSDPOptions(units=["Blocks"]))
+
+
+def test_fsdp_options_are_checked_when_the_config_is_read():
+    from flyscale.config import ConfigError, from_dict
+
+    cfg = from_dict({"train": {"strategy": "fsdp", "options": {"param_dtype": "bf16"}}})
+    assert cfg.train.plugin.options == FSDPOptions(param_dtype="bf16")
+    with pytest.raises(ConfigError, match=r"train.options.*param_dtype must be one of fp32, bf16, got 'fp16'"):
+        from_dict({"train": {"strategy": "fsdp", "options": {"param_dtype": "fp16"}}})

@@ -1,8 +1,9 @@
-"""Resuming a sharded checkpoint on another number of workers: what changes and what may not.
+"""Resuming a checkpoint on another number of workers: what changes and what may not.
 
-A checkpoint written through DCP (a model sharded into DTensors) loads at any world size: DCP
-reads, for each rank, the slices of the saved shards that make up its own. What must carry over
-besides the weights is the run itself:
+A checkpoint's model and optimizer tensors are written through DCP, which loads them at any
+world size: each rank reads the slices of what was saved that make up what it holds now (its
+shards under fsdp, its stage under the pipeline, the whole model under ddp). What must carry
+over besides the weights is the run itself:
 
 - the global batch: every optimizer step averages the same number of rows as before, so the
   per-worker batch becomes global / workers, with gradient accumulation keeping each

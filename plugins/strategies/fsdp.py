@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import types
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -67,18 +68,16 @@ def units_of(model: nn.Module, options: FSDPOptions) -> list[nn.Module]:
                 f"train.options.units {options.units} names no module of this model; its modules are: {', '.join(kinds)}"
             )
         return found
-    shared = {id(p) for (_, _), (j, name) in meta.shared_parameters(model) for p in [_param(model, j, name)]}
+    layers = meta.layers_of(model)
+    held_by = Counter(id(p) for layer in layers for p in layer.parameters())  # each layer counts a parameter once
+    shared = {k for k, n in held_by.items() if n > 1}
     return [
         layer
-        for layer in meta.layers_of(model)
+        for layer in layers
         if layer is not model
         and any(True for _ in layer.parameters())
         and not any(id(p) in shared for p in layer.parameters())
     ]
-
-
-def _param(model: nn.Module, layer: int, name: str) -> nn.Parameter:
-    return meta.layers_of(model)[layer].get_parameter(name)
 
 
 def checkpoint_units(units: list[nn.Module]) -> None:
