@@ -34,11 +34,14 @@ files, their manifest and their checks are in `checkpoint_files`; here, who writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -136,7 +139,8 @@ class Checkpointer:
         ctx.barrier()
         # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
         # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
-        dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
+        with _single_process_quiet():
+            dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
         rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
         files = {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
         everyone = ctx.all_gather_object(files)  # also: every rank has written its files
@@ -244,7 +248,8 @@ class Checkpointer:
         _same_model(path, state)
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
         held = state.sharded_state()
-        dcp.load(held, checkpoint_id=path / STATE)
+        with _single_process_quiet():
+            dcp.load(held, checkpoint_id=path / STATE)
         state.load_sharded_state(held)
         state.load_schedule_state(mine["schedule"])
         position = Position(**mine["position"])
@@ -288,6 +293,15 @@ class Checkpointer:
         if state is not None:
             set_rng_state(state)
             self._rng_after_skip = None
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on every save and load without a process group that it assumes one process:
+    for a run of one worker that is the normal case, not news."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _same_model(path: Path, state: TrainState) -> None:
