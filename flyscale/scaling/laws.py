@@ -32,11 +32,6 @@ INTERVAL = (5.0, 95.0)  # percentiles of the bootstrapped extrapolation: a 90% r
 BOOTSTRAP = 200
 
 
-def sampling_noise(error: float, rows: int) -> float:
-    """The binomial standard error of an error rate measured on `rows` rows (0 when unknown)."""
-    return binomial_noise(error, rows)
-
-
 @dataclass
 class PowerLawFit:
     """L(m) = alpha * m**beta + gamma fitted to the val metric against `axis`, or why not."""
@@ -88,7 +83,7 @@ def curve_noise(sizes: list[float], errors: list[float], noise: list[float] | No
     Repeats at one size average, so their noise shrinks by the square root of their number."""
     m, e = sorted_curve(sizes, errors)
     if noise is None or not any(noise):
-        return np.array([sampling_noise(v, val_rows) for v in e])
+        return np.array([binomial_noise(v, val_rows) for v in e])
     sizes_, noise_ = np.asarray(sizes, dtype=float), np.asarray(noise, dtype=float)
     return np.array([math.sqrt(np.sum(noise_[sizes_ == s] ** 2)) / np.sum(sizes_ == s) for s in m])
 
@@ -196,7 +191,7 @@ def fit_power_law(
     # A zero error has no logarithm: floor it at half a validation row (or 1e-4 when unknown).
     e = np.maximum(e, 0.5 / val_rows if val_rows else 1e-4)
     if noise is None or not any(noise):  # the binomial noise of the floored rate, not of a zero
-        sigma = np.array([sampling_noise(v, val_rows) for v in e])
+        sigma = np.array([binomial_noise(v, val_rows) for v in e])
     x, y = m / m[-1], np.log(e)  # sizes relative to the largest, for conditioning
     g_max = float(e.min()) * (1 - 1e-9)
     p = _fit_once(x, y, _starts(x, e), g_max)

@@ -95,12 +95,12 @@ def checkpoint_units(units: list[nn.Module]) -> None:
         unit.forward = types.MethodType(forward, unit)
 
 
-def shard(model: nn.Module, ctx: DistContext, options: FSDPOptions, seed: int) -> nn.Module:
-    """`model` (on the meta device) sharded over every rank, each rank's shards initialised."""
+def shard(model: nn.Module, template: nn.Module, ctx: DistContext, options: FSDPOptions, seed: int) -> nn.Module:
+    """`model` (on the meta device) sharded over every rank, each rank's shards initialised from
+    the per-layer seeds as drawn for `template`, an unsharded meta copy of it (left on meta)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    template = copy.deepcopy(model)  # still on the meta device: the layers' shapes, to draw initial values from
     # The mesh's device type always given: with GPUs present, a gloo group would otherwise move the model to CUDA.
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
 
@@ -223,12 +223,14 @@ class FSDP:
 def _train(
     model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: FSDPOptions, hooks: Hooks
 ) -> TrainResult:
-    template = copy.deepcopy(model)
+    # Still on the meta device: the layers' shapes, to draw initial values from, and at the end
+    # the whole model rank 0 gathers into.
+    template = copy.deepcopy(model) if ctx.distributed else model
     units = units_of(model, options)
     if cfg.activation_checkpointing:
         checkpoint_units(units)
     if ctx.distributed:
-        model = shard(model, ctx, options, cfg.seed)
+        model = shard(model, template, ctx, options, cfg.seed)
         no_sync: Callable[[], contextlib.AbstractContextManager] | None = lambda: no_gradient_sync(model)  # noqa: E731
         evaluate = lockstep_evaluator(model, data, ctx)
     else:
