@@ -132,6 +132,91 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+def _served_version(args: argparse.Namespace):
+    """The registered version --model/--version (or --alias) names, downloaded: a
+    flyscale.serving.study.Target. ValueError (or MlflowException) when there is none."""
+    import tempfile
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    from flyscale.serving import study
+    from flyscale.tracking.store import missing_local_store, tracking_uri
+
+    uri = tracking_uri()
+    missing = missing_local_store(uri)
+    if missing:
+        raise ValueError(missing)
+    version = str(args.version or MlflowClient(uri).get_model_version_by_alias(args.model, args.alias).version)
+    folder = Path(tempfile.mkdtemp(prefix=f"flyscale-{args.command}-"))
+    return study.target(f"models:/{args.model}/{version}", args.model, version, folder)
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    """Serve a registered version on loopback in each setup and measure it under load."""
+    from pathlib import Path
+
+    from mlflow.exceptions import MlflowException
+
+    from flyscale.serving import servers, study
+    from flyscale.serving.repository import Batching
+
+    try:
+        t = _served_version(args)
+        setups = [s.strip() for s in args.setups.split(",") if s.strip()]
+        levels = [int(c) for c in args.levels.split(",")]
+        batching = Batching(args.max_batch_size, args.max_delay_ms)
+        reports = study.run(t, setups, levels, args.requests, batching, Path(args.envs).expanduser())
+    except (MlflowException, ValueError, servers.ServerError) as exc:
+        print(f"flyscale loadtest: {exc}", file=sys.stderr)
+        return 2
+    print(f"load test of {t.name} v{t.version}: {args.requests} requests a level, closed loop")
+    for line in study.lines(reports, args.target_qps, args.p99_ms):
+        print(f"  {line}")
+    if not args.no_log:
+        run_id = study.log(reports, t, args.target_qps, args.p99_ms)
+        print(f"  mlflow run {run_id} (tagged on the version as flyscale.loadtest_run)")
+    return 0
+
+
+def cmd_repository(args: argparse.Namespace) -> int:
+    """Write a batching server's model repository for a registered version."""
+    from pathlib import Path
+
+    from mlflow.exceptions import MlflowException
+
+    from flyscale.serving.repository import Batching, mlserver_repository, triton_repository
+
+    out = Path(args.out)
+    try:
+        t = _served_version(args)
+        batching = Batching(args.max_batch_size, args.max_delay_ms)
+        if args.server == "mlserver":
+            mlserver_repository(t.model_dir, out, t.name, batching)
+            print(f"MLServer repository for {t.name} v{t.version} in {out}: mlserver start {out}")
+            return 0
+        onnx_files = sorted((t.model_dir / "artifacts").glob("*.onnx"))
+        if not onnx_files:
+            raise ValueError(f"{t.name} v{t.version} carries no ONNX file (a PyTorch model): Triton cannot serve it")
+        triton_repository(onnx_files[0], out, t.name, batching)
+    except (MlflowException, ValueError, OSError) as exc:
+        print(f"flyscale repository: {exc}", file=sys.stderr)
+        return 2
+    print(f"Triton repository for {t.name} v{t.version} in {out}: tritonserver --model-repository {out.resolve()}")
+    return 0
+
+
+def _version_parser(sub, name: str, text: str) -> argparse.ArgumentParser:
+    """A subcommand about one registered version, served with batching."""
+    p = sub.add_parser(name, help=text)
+    p.add_argument("--model", required=True, help="registered model name")
+    p.add_argument("--version", default="", help="the version (default: the one --alias points at)")
+    p.add_argument("--alias", default="champion", help="the alias to use when no --version is given")
+    p.add_argument("--max-batch-size", type=int, default=32, help="batching: rows a batch at most")
+    p.add_argument("--max-delay-ms", type=float, default=5.0, help="batching: the longest a request waits for a batch")
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flyscale", description="flyscale command-line tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -158,6 +243,23 @@ def build_parser() -> argparse.ArgumentParser:
         move.add_argument("--alias", default="champion", help="the alias to move (default: champion)")
         move.add_argument("--who", default="", help="who decided (default: $USER)")
         move.set_defaults(func=cmd_move)
+    lt = _version_parser(sub, "loadtest", "serve a registered version on loopback and measure it under load")
+    lt.add_argument(
+        "--setups",
+        default="mlflow,mlserver,mlserver-batching",
+        help="servers to measure, side by side: mlflow (no batching), mlserver (batching off), mlserver-batching",
+    )
+    lt.add_argument("--levels", default="1,4,16,64", help="concurrent clients, one level each")
+    lt.add_argument("--requests", type=int, default=200, help="requests a level (at least 4 a client)")
+    lt.add_argument("--target-qps", type=float, default=1000.0, help="for the replicas estimate")
+    lt.add_argument("--p99-ms", type=float, default=100.0, help="the p99 latency the replicas estimate must keep")
+    lt.add_argument("--envs", default="~/.cache/flyscale/serving", help="where serving environments are built")
+    lt.add_argument("--no-log", action="store_true", help="print only; log nothing to MLflow")
+    lt.set_defaults(func=cmd_loadtest)
+    repo = _version_parser(sub, "repository", "write an MLServer or Triton model repository for a registered version")
+    repo.add_argument("--server", choices=["triton", "mlserver"], required=True)
+    repo.add_argument("--out", required=True, help="the repository folder to write")
+    repo.set_defaults(func=cmd_repository)
     return parser
 
 

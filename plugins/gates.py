@@ -28,6 +28,21 @@ def _recorded(metrics: Mapping[str, float], metric: str, gate: str) -> GateVerdi
     return GateVerdict(gate, False, f"no {metric} was recorded (recorded: {', '.join(sorted(metrics))})")
 
 
+def _bounded(gate: str, metrics: Mapping[str, float], wanted, say) -> GateVerdict:
+    """Every (metric, bound, higher is better, label) of `wanted` on the right side of its bound;
+    `say(label, value, relation, bound, higher is better)` words each. A missing metric fails."""
+    reasons, passed = [], True
+    for metric, bound, up, what in wanted:
+        missing = _recorded(metrics, metric, gate)
+        if missing is not None:
+            return missing
+        value = metrics[metric]
+        ok = value >= bound if up else value <= bound
+        passed &= ok
+        reasons.append(say(what, value, (">=" if ok else "<") if up else ("<=" if ok else ">"), bound, up))
+    return GateVerdict(gate, passed, "; ".join(reasons))
+
+
 @dataclass
 class MinMetricOptions:
     metric: str = "accuracy"
@@ -195,20 +210,65 @@ class Quantization:
             wanted.append((f"int8_speedup_b{options.batch_size}", options.min_speedup, True))
         if options.min_size_ratio:
             wanted.append(("int8_size_ratio", options.min_size_ratio, True))
-        reasons, passed = [], True
-        for metric, bound, up in wanted:
-            missing = _recorded(metrics, metric, "quantization")
-            if missing is not None:
-                return missing
-            value = metrics[metric]
-            ok = value >= bound if up else value <= bound
-            passed &= ok
-            reasons.append(
-                f"{metric.removeprefix('int8_').replace('_', ' ')} {value:+.4f} "
-                f"{('>=' if ok else '<') if up else ('<=' if ok else '>')} {'needed' if up else 'allowed'} "
-                f"{bound:.4f}"
-            )
-        return GateVerdict("quantization", passed, "; ".join(reasons))
+        return _bounded(
+            "quantization",
+            metrics,
+            [(m, bound, up, m.removeprefix("int8_").replace("_", " ")) for m, bound, up in wanted],
+            lambda what, value, rel, bound, up: (
+                f"{what} {value:+.4f} {rel} {'needed' if up else 'allowed'} {bound:.4f}"
+            ),
+        )
 
 
 quantization = Quantization()
+
+
+@dataclass
+class ServedOptions:
+    max_p99_ms: float = 100.0  # the served model's p99 latency at `at_concurrency` clients
+    at_concurrency: int = 16  # one of serving.levels
+    max_error: float = 0.0  # the share of requests not answered (HTTP status other than 200)
+    min_throughput: float = 0.0  # requests a second at `at_concurrency`; 0: not bounded
+    max_onnx_diff: float = 1e-4  # the export's largest difference from PyTorch on the test split
+
+    def __post_init__(self):
+        if self.max_p99_ms <= 0 or self.at_concurrency < 1:
+            raise ValueError("max_p99_ms must be > 0 and at_concurrency >= 1")
+        if not 0.0 <= self.max_error <= 1.0 or self.min_throughput < 0 or self.max_onnx_diff < 0:
+            raise ValueError("max_error must be in [0, 1]; min_throughput and max_onnx_diff >= 0")
+
+    def bounds(self) -> list[tuple[str, float, bool, str]]:
+        """(metric, bound, higher is better, what a person reads) of each check."""
+        k = f"served_c{self.at_concurrency}"
+        out = [
+            ("onnx_max_abs_diff", self.max_onnx_diff, False, "ONNX export's max difference from PyTorch"),
+            (f"{k}_latency_p99_ms", self.max_p99_ms, False, f"served p99 at {self.at_concurrency} clients (ms)"),
+            (f"{k}_error", self.max_error, False, f"requests failed at {self.at_concurrency} clients"),
+        ]
+        if self.min_throughput:
+            out.append((f"{k}_throughput", self.min_throughput, True, f"requests/s at {self.at_concurrency} clients"))
+        return out
+
+
+class Served:
+    """Hold the model as it will be served to a target: its export answered like the PyTorch
+    model, and under the load test (serving.loadtest) it kept its p99 latency and lost no
+    requests. Rollout safety: a version that fails is not promoted."""
+
+    options_type = ServedOptions
+
+    def reads(self, options: ServedOptions) -> list[str]:
+        return [metric for metric, *_ in options.bounds()]
+
+    def check(
+        self, metrics: Mapping[str, float], options: ServedOptions, champion: Mapping[str, float] | None
+    ) -> GateVerdict:
+        return _bounded(
+            "served",
+            metrics,
+            options.bounds(),
+            lambda what, value, rel, bound, up: f"{what} {value:.4g} {rel} {bound:g}",
+        )
+
+
+served = Served()

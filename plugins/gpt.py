@@ -102,25 +102,42 @@ class Embedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention of each position to itself and the positions before it."""
+    """Multi-head attention of each position to itself and the positions before it.
+
+    q, k and v are separate projections (not nanoGPT's fused c_attn) so that tensor parallelism
+    can split each by heads (see `Block.tp_plan`); the forward counts heads from the width it is
+    given, so a rank holding half of them computes its half.
+    """
 
     def __init__(self, width: int, heads: int, dropout: float, bias: bool, out_std: float):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.c_attn = Linear(width, 3 * width, bias)  # q, k and v in one matmul
+        self.heads, self.head_width, self.dropout = heads, width // heads, dropout
+        self.q, self.k, self.v = (Linear(width, width, bias) for _ in range(3))
         self.c_proj = Linear(width, width, bias, out_std)
         self.resid_dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, t, c = x.shape
-        q, k, v = (z.view(n, t, self.heads, c // self.heads).transpose(1, 2) for z in self.c_attn(x).split(c, dim=2))
+        n, t, _ = x.shape
+        q, k, v = (f(x).view(n, t, -1, self.head_width).transpose(1, 2) for f in (self.q, self.k, self.v))
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(n, t, c)))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(n, t, -1)))
 
 
 class Block(nn.Module):
     """Pre-norm attention then a pre-norm MLP, each added to the residual stream: one layer."""
+
+    # Tensor parallelism (Megatron's split, as torchtitan plans it): q, k, v and the MLP's first
+    # projection split by output (whole heads, hidden units), the projections back split by
+    # input and summed over the ranks. LayerNorms stay whole on every rank.
+    tp_plan = {
+        "attn.q": "colwise",
+        "attn.k": "colwise",
+        "attn.v": "colwise",
+        "attn.c_proj": "rowwise",
+        "mlp.0": "colwise",
+        "mlp.2": "rowwise",
+    }
 
     def __init__(self, width: int, heads: int, layers: int, dropout: float, bias: bool):
         super().__init__()

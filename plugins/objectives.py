@@ -45,6 +45,9 @@ class Classification:
     def example(self, context: ObjectiveContext) -> tuple[np.ndarray, None]:
         return input_example(context.info), None
 
+    def serving(self, context: ObjectiveContext) -> dict:
+        return {"output": "probabilities"}  # as predict: a softmax of the scores
+
     def predict(self, model: nn.Module, model_input, params: dict, context: ObjectiveContext) -> np.ndarray:
         """Class probabilities, a row per example, for inputs of the declared shape."""
         x = torch.as_tensor(np.asarray(model_input, dtype="float32"))
@@ -191,6 +194,19 @@ class LanguageModeling:
             for i, row in zip(rows, made[:, length:].tolist()):
                 out[i] = tokenizer.decode(row)
         return out
+
+    def serving(self, context: ObjectiveContext) -> dict:
+        """Generation as predict does it, window and defaults included (sampling draws from
+        numpy's generator there, so a seeded sample differs from torch's; greedy is the same)."""
+        tokens = context.info.input()
+        if tokens is None:
+            raise ValueError("a language model's dataset declares its token field")
+        return {
+            "output": "text",
+            "window": tokens.shape[0] - 1,
+            "max_new_tokens": self.options.max_new_tokens,
+            "temperature": self.options.temperature,
+        }
 
     def example(self, context: ObjectiveContext) -> tuple[list[str], dict]:
         """Prompts are one unnamed string column: MLflow then takes a string, a list of them, or

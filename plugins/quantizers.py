@@ -1,12 +1,27 @@
-"""Built-in quantizers: post-training int8, dynamic (no data needed) or static (calibrated)."""
+"""Built-in quantizers: post-training int8, dynamic (no data needed) or static (calibrated).
+
+`dynamic_int8` (the default) and `static_int8` quantize the exported ONNX model with ONNX
+Runtime's quantization tool, the path ONNX Runtime keeps supporting: the int8 model is then a
+file served exactly as the fp32 one is (flyscale/export/served.py), without torch.
+
+`torch_dynamic_int8` and `torch_static_int8` are torch.ao.quantization's eager and FX
+quantizers. torch deprecates torch.ao.quantization and will remove it; a model quantized that
+way cannot be exported to ONNX, so its registered int8 model needs torch and flyscale to load.
+They remain as named alternatives only.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.ao.quantization import get_default_qconfig_mapping
@@ -23,13 +38,9 @@ def _quiet() -> Iterator[None]:
 
 
 class DynamicInt8:
-    """int8 weights with activations quantized on the fly, for every `nn.Linear`.
-
-    `torch.ao.quantization.quantize_dynamic` is deprecated in favour of torchao, but torchao's
-    int8 is reported slower on CPU; it stays behind this plugin interface so a second quantizer
-    can replace it without touching the pipeline. Conv layers stay fp32 (dynamic quantization
-    covers Linear/RNN layers only).
-    """
+    """`torch_dynamic_int8`, deprecated: torch.ao's int8 weights with activations quantized on
+    the fly, for every `nn.Linear` (Conv layers stay fp32). torch.ao.quantization is deprecated
+    and will be removed from torch; use `dynamic_int8` (ONNX Runtime)."""
 
     options_type = None
 
@@ -76,7 +87,8 @@ def _traceable(model: nn.Module) -> nn.Module:
 
 
 class StaticInt8:
-    """Static post-training int8: weights AND activations int8, Conv2d and Linear (fused with a
+    """`torch_static_int8`, deprecated (torch.ao.quantization will be removed from torch; use
+    `static_int8`, ONNX Runtime's). Static post-training int8: weights AND activations int8, Conv2d and Linear (fused with a
     following ReLU), activation scales observed on calibration batches of the training split.
 
     The path: FX graph mode (`torch.ao.quantization.quantize_fx.prepare_fx/convert_fx`) with the
@@ -111,7 +123,7 @@ class StaticInt8:
         batches = list(calibration or [])
         if not batches or not all(isinstance(b, torch.Tensor) and b.is_floating_point() for b in batches):
             raise ValueError(
-                "static_int8 needs calibration: a non-empty list of float feature batches, shape (batch, n_features), "
+                "torch_static_int8 needs calibration: a non-empty list of float feature batches, shape (batch, n_features), "
                 f"from the training split (got {[type(b).__name__ for b in batches] or 'none'})"
             )
         model = _traceable(copy.deepcopy(model).eval())
@@ -123,5 +135,123 @@ class StaticInt8:
             return convert_fx(prepared).eval()
 
 
-dynamic_int8 = DynamicInt8()
-static_int8 = StaticInt8()
+class _NoPreprocessingAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _without_preprocessing_advice() -> Iterator[None]:
+    """ONNX Runtime's quantizer advises (on the root logger, every call) to run its
+    pre-processing first. That pre-processing's symbolic shape inference fails on torch's dynamo
+    export of the GPT, and the exports quantize well without it (benchmarks/bench_quantize.py)."""
+    advice = _NoPreprocessingAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
+
+
+def _int8_file() -> Path:
+    return Path(tempfile.mkdtemp(prefix="flyscale-int8-")) / "model_int8.onnx"
+
+
+@dataclass
+class OnnxDynamicOptions:
+    # Which ONNX operators get int8 weights. Convolutions stay fp32 by default: ONNX Runtime's
+    # ConvInteger is slower than its fp32 convolution on CPU (static_int8 quantizes them well).
+    op_types: list[str] = field(default_factory=lambda: ["MatMul", "Gemm"])
+    per_channel: bool = False  # one scale per output channel instead of per tensor
+
+
+class OnnxDynamicInt8:
+    """ONNX Runtime's dynamic quantization: int8 weights, activations quantized on the fly per
+    call. Needs no data. `model` is the fp32 ONNX file; returns the int8 one."""
+
+    options_type = OnnxDynamicOptions
+    works_on = "onnx"
+
+    def quantize(self, model: Path, options: OnnxDynamicOptions) -> Path:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        target = _int8_file()
+        with _without_preprocessing_advice():
+            quantize_dynamic(
+                model,
+                target,
+                op_types_to_quantize=options.op_types,
+                per_channel=options.per_channel,
+                weight_type=QuantType.QInt8,
+            )
+        return target
+
+
+@dataclass
+class OnnxStaticOptions:
+    per_channel: bool = True
+    # uint8 activations with int8 weights is what ONNX Runtime's x86 kernels are fastest at (U8S8).
+    activations: str = "uint8"
+    method: str = "minmax"  # how activation ranges are set from calibration: minmax, entropy, percentile
+
+    def __post_init__(self):
+        if self.activations not in ("uint8", "int8"):
+            raise ValueError(f"activations must be uint8 or int8, got {self.activations!r}")
+        if self.method not in ("minmax", "entropy", "percentile"):
+            raise ValueError(f"method must be minmax, entropy or percentile, got {self.method!r}")
+
+
+class OnnxStaticInt8:
+    """ONNX Runtime's static quantization in QDQ format: weights and activations int8, activation
+    ranges calibrated on rows of the training split. `model` is the fp32 ONNX file, `calibration`
+    a list of batches of its inputs (numpy); returns the int8 file."""
+
+    options_type = OnnxStaticOptions
+    works_on = "onnx"
+    calibrates = True
+
+    def quantize(self, model: Path, options: OnnxStaticOptions, calibration: Sequence) -> Path:
+        from onnxruntime import InferenceSession
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_static,
+        )
+
+        batches = list(calibration or [])
+        if not batches:
+            raise ValueError("static_int8 needs calibration: a non-empty list of input batches from the training split")
+        name = InferenceSession(str(model), providers=["CPUExecutionProvider"]).get_inputs()[0].name
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self.feed = iter([{name: np.asarray(b)} for b in batches])
+
+            def get_next(self):
+                return next(self.feed, None)
+
+        target = _int8_file()
+        with _without_preprocessing_advice():
+            quantize_static(
+                model,
+                target,
+                Reader(),
+                quant_format=QuantFormat.QDQ,
+                per_channel=options.per_channel,
+                activation_type=QuantType.QUInt8 if options.activations == "uint8" else QuantType.QInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method={
+                    "minmax": CalibrationMethod.MinMax,
+                    "entropy": CalibrationMethod.Entropy,
+                    "percentile": CalibrationMethod.Percentile,
+                }[options.method],
+            )
+        return target
+
+
+dynamic_int8 = OnnxDynamicInt8()
+static_int8 = OnnxStaticInt8()
+torch_dynamic_int8 = DynamicInt8()  # deprecated with torch.ao.quantization
+torch_static_int8 = StaticInt8()  # deprecated with torch.ao.quantization

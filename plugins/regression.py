@@ -149,6 +149,9 @@ class Regression:
     def evaluator(self, context: ObjectiveContext) -> RegressionEvaluator:
         return RegressionEvaluator(self.options.loss)
 
+    def serving(self, context: ObjectiveContext) -> dict:
+        return {"output": "values", "scalar": _scalar(context)}
+
     def predict(self, model: nn.Module, model_input, params: dict, context: ObjectiveContext) -> np.ndarray:
         """The predictions, in the targets' units, for float32 inputs of the declared shape: one
         value per example (N,) for a scalar target, (N, k) for k targets. It takes no params."""
@@ -158,9 +161,13 @@ class Regression:
         model.eval()
         with torch.inference_mode():
             out = model(x).float()
-        target = next((f for f in context.info.fields if f.name == context.info.label_column), None)
-        scalar = target is not None and not target.shape
-        return (out.reshape(len(out)) if scalar and out.dim() == 2 and out.shape[1] == 1 else out).numpy()
+        return (out.reshape(len(out)) if _scalar(context) and out.dim() == 2 and out.shape[1] == 1 else out).numpy()
+
+
+def _scalar(context: ObjectiveContext) -> bool:
+    """Whether the target is one value an example (served as (N,), not (N, 1))."""
+    target = next((f for f in context.info.fields if f.name == context.info.label_column), None)
+    return target is not None and not target.shape
 
 
 regression = Regression()

@@ -244,6 +244,26 @@ class Tabular:
                 first += len(frame)
                 yield frame
 
+    def parts(self, options: TabularOptions) -> list[str]:
+        """The files the rows come in (paths or s3:// URIs), in a stable order: the pieces batch
+        prediction maps over, a task each."""
+        return [s.uri for s in self._sources(options)]
+
+    def part(self, options: TabularOptions, name: str, rows: int = 65_536) -> Iterator[pd.DataFrame]:
+        """Every column of the file `name` (one of `parts`), a chunk at a time, with where each row
+        came from. No label needed: rows to score have none."""
+        source = next((s for s in self._sources(options) if s.uri == name), None)
+        if source is None:
+            raise ValueError(f"{name!r} is not one of the dataset's files under {options.path!r}")
+        columns = sources.schema(source, self._fmt(options)).names
+        first = 0
+        for batch in sources.batches(source, self._fmt(options), columns, rows):
+            frame = batch.to_pandas()
+            frame[SOURCE_FILE] = source.uri
+            frame[SOURCE_ROW] = np.arange(first, first + len(frame), dtype="int64")
+            first += len(frame)
+            yield frame
+
 
 parquet = Tabular("parquet")
 csv = Tabular("csv")

@@ -3,7 +3,10 @@ it, and the gates, which judge all of it against the champion as it is now."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -21,7 +24,8 @@ from flyscale.evaluate import gating
 from flyscale.evaluate.comparison import compare
 from flyscale.evaluate.gating import Judgment
 from flyscale.evaluate.metrics import EvalMetrics, evaluate_batches
-from flyscale.evaluate.quantize import quantize
+from flyscale.evaluate.quantize import quantize, quantize_onnx, works_on_onnx
+from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state, save_state
@@ -32,7 +36,9 @@ from flyscale.tracking.champion import read_baseline
 from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
 from tasks.common import DECKS, SMALL, TASK
-from tasks.records import EvaluatedModel, QuantizedModel
+from tasks.records import EvaluatedModel, ExportedModel, QuantizedModel, ServedModel
+
+log = logging.getLogger(__name__)
 
 
 class Evaluated(NamedTuple):
@@ -115,21 +121,51 @@ def quantize_model(
     cfg: QuantizeConfig,
     fp32: EvalMetrics,
     history: TrainHistory,
+    onnx_model: FlyteFile,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokens: TokenStats | None = None,
     tokenizer: FlyteFile | None = None,
 ) -> Quantized:
     """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
     model on the same test split, and time both models side by side at batch 1, 8, 64 and 256.
+    An ONNX quantizer (the default) quantizes `onnx_model`, the export, and both models are
+    measured through ONNX Runtime, as they will be served; a torch.ao one, the torch module.
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
     run = TaskRun.start("quantize_model")
     goal = objectives.of(objective)
-    model = load_state(build_model(model_cfg, info), weights.download())
-    qmodel = quantize(model, cfg, calibration_batches(train, info))
+    fp32_model: torch.nn.Module
+    qmodel: torch.nn.Module
+    exported = Path(onnx_model.download())
+    if works_on_onnx(cfg) and (exported.stat().st_size == 0 or zipfile.is_zipfile(exported)):  # none, or a .pt2
+        fallback = QuantizeConfig(name="torch_dynamic_int8")
+        log.warning(
+            "quantizer %r quantizes the ONNX export, and this model has none (ONNX cannot take it): its int8 copy is made by %r "
+            "(torch.ao, deprecated) instead",
+            cfg.name,
+            fallback.name,
+        )
+        cfg = fallback
+    if works_on_onnx(cfg):  # the exported file, quantized and measured as it will be served
+        calibration = None
+        if cfg.plugin.attribute("calibrates"):
+            calibration = [
+                onnx.model_inputs(x, torch.zeros(len(x), dtype=torch.long), goal).numpy()
+                for x in calibration_batches(train, info)
+            ]
+        served = onnx.OnnxModule(exported)
+        served_int8 = onnx.OnnxModule(quantize_onnx(served.path, cfg, calibration))
+        fp32 = dataclasses.replace(fp32, size_bytes=served.size_bytes())  # sizes of the files served
+        fp32_model, qmodel, out, fmt = served, served_int8, str(served_int8.path), "onnx"
+    else:
+        fp32_model = load_state(build_model(model_cfg, info), weights.download())
+        qmodel = quantize(fp32_model, cfg, calibration_batches(train, info))
+        out, fmt = save_state(qmodel, "model_int8.pt"), "torch"
     metrics = evaluate_batches(qmodel, batches(test, info), goal, objective_context(info, tokens, tokenizer))
+    if fmt == "onnx":
+        metrics.size_bytes = Path(out).stat().st_size
     comparison = compare(
-        model,
+        fp32_model,
         qmodel,
         cfg.name,
         fp32,
@@ -140,17 +176,31 @@ def quantize_model(
     )
     figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
-    weights_int8 = FlyteFile(save_state(qmodel, "model_int8.pt"))
-    return Quantized(QuantizedModel(weights_int8, metrics, comparison, FlyteDirectory(figures)), run.done())
+    quantized = QuantizedModel(FlyteFile(out), metrics, comparison, FlyteDirectory(figures), fmt, cfg.name)
+    return Quantized(quantized, run.done())
 
 
 # Never cached: a verdict is only as good as the champion it was judged against, so every run
 # reads the champion afresh (an unchanged champion gives the same judgment, and registration
 # after it stays a cache hit).
 @task(cache=False, **TASK, requests=SMALL)
-def gate_model(fp32: EvaluatedModel, int8: QuantizedModel, cfg: GatesConfig, champion_of: MlflowConfig) -> Judged:
-    """Every configured gate against the live champion; each verdict says why, and against whom."""
+def gate_model(
+    fp32: EvaluatedModel,
+    int8: QuantizedModel,
+    exported: ExportedModel,
+    served: ServedModel,
+    cfg: GatesConfig,
+    champion_of: MlflowConfig,
+) -> Judged:
+    """Every configured gate against the live champion; each verdict says why, and against whom.
+    The gates see the test metrics, int8's, the export's parity and the served model's load test."""
     champion = read_baseline(champion_of, fp32.metrics.weights_sha256)
-    metrics = {**fp32.metrics.scalars(), **int8.metrics.scalars("int8_"), **int8.comparison.scalars()}
+    metrics = {
+        **fp32.metrics.scalars(),
+        **int8.metrics.scalars("int8_"),
+        **int8.comparison.scalars(),
+        **({"onnx_max_abs_diff": exported.max_abs_diff} if exported.exported else {}),
+        **served.scalars(),
+    }
     judgment = gating.judge(cfg, metrics, champion, fp32.test_sha256)
     return Judged(judgment=judgment, passed=judgment.passed)

@@ -15,6 +15,7 @@ from flyscale.cluster.launchers import (
     LocalSafeElasticTask,
     launcher_environment,
     launcher_facts,
+    local_execution,
     planned_world_size,
     training_launcher,
     training_resources,
@@ -74,7 +75,8 @@ def check_model(
             + ". Declare the target as a float field of typed examples (docs/regression.md)"
         )
     model = build_model(model_cfg, info, meta=True)
-    world_size = planned_world_size()
+    # Locally the workers a config fixes (a hybrid mesh) are started; a cluster has those registered.
+    world_size = planned_world_size(cfg, local=local_execution())
     try:
         check_against_strategy(model, cfg, world_size)
     except ValueError as exc:

@@ -68,11 +68,55 @@ class EvaluatedModel:
 
 
 @dataclass
+class ExportedModel:
+    """The fp32 model as ONNX, and how it answered the test split against the PyTorch model."""
+
+    onnx: FlyteFile  # the export (see `format`); empty when there is none (then sha256 is "")
+    sha256: str
+    parity: str  # the sentence the summary and MLflow show, or "not exported: <torch's reason>"
+    max_abs_diff: float
+    # "onnx"; "pt2", a torch.export program, for a model ONNX cannot translate; "" for none
+    format: str = "onnx"
+
+    @property
+    def exported(self) -> bool:
+        return bool(self.sha256)
+
+
+@dataclass
 class QuantizedModel:
     """The int8 model's weights and metrics, measured side by side with the fp32 one, and the
     run's figures (drawn once, for the Deck and for MLflow)."""
 
-    weights: FlyteFile
+    weights: FlyteFile  # the int8 ONNX file (format "onnx"), or a torch quantizer's int8 state_dict
     metrics: EvalMetrics
     comparison: Comparison
     plots: FlyteDirectory
+    format: str = "onnx"
+    quantizer: str = ""  # the quantizer that made it (the configured one, or the torch fallback)
+
+
+@dataclass
+class ServedLevel:
+    concurrency: int
+    requests: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    throughput: float
+
+
+@dataclass
+class ServedModel:
+    """The candidate served on loopback under load (serving.loadtest), before the gates: each
+    level's numbers, and the plot of them (an empty folder when the load test is off)."""
+
+    setup: str  # "" when the load test is off
+    levels: list[ServedLevel]
+    plots: FlyteDirectory
+
+    def scalars(self) -> dict[str, float]:
+        """What the gates see and MLflow records: served_c<clients>_latency_p99_ms, ..."""
+        from flyscale.serving.loadtest import scalars
+
+        return scalars(self.levels, "served")

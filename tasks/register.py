@@ -6,6 +6,7 @@ computed and what it took from the cache."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,7 +23,7 @@ from flyscale.tracking.registration import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.store import tracking_uri
 from flyscale.train.preflight import PreflightReport
 from tasks.common import SMALL, TASK
-from tasks.records import EvaluatedModel, QuantizedModel, TrainedModel, ValidatedData
+from tasks.records import EvaluatedModel, ExportedModel, QuantizedModel, ServedModel, TrainedModel, ValidatedData
 
 
 class Registered(NamedTuple):
@@ -52,6 +53,8 @@ def _publisher(name: str, publish: bool, doc: str):
         trained: TrainedModel,
         fp32: EvaluatedModel,
         int8: QuantizedModel,
+        exported: ExportedModel,
+        served: ServedModel,
         judgment: Judgment,
         runs: list[TaskRun],
         data_runs: list[TaskRun],
@@ -73,8 +76,19 @@ def _publisher(name: str, publish: bool, doc: str):
             test_sha256=fp32.test_sha256,
             judgment=judgment,
             int8_weights_path=int8.weights.download(),
+            int8_format=int8.format,
+            int8_quantizer=int8.quantizer,
             int8=int8.metrics,
             comparison=int8.comparison,
+            onnx_path=exported.onnx.download() if exported.format == "onnx" and exported.exported else "",
+            program_path=exported.onnx.download() if exported.format == "pt2" else "",
+            onnx_sha256=exported.sha256,
+            onnx_parity=exported.parity,
+            onnx_max_abs_diff=exported.max_abs_diff,
+            served_setup=served.setup,
+            served_levels=[dataclasses.asdict(lv) for lv in served.levels],
+            served_metrics=served.scalars(),
+            served_plots_dir=served.plots.download() if served.setup else "",
             plots_dir=int8.plots.download(),
             runs=[*data_runs, *runs],
             started=started,

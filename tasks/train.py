@@ -135,6 +135,7 @@ def train_job(
                 mirror=FlyteMirror.current(recovery.keep_checkpoints) if ctx.is_main else None,
                 global_batch=global_batch(train_fn, cfg, ctx.world_size),
                 grad_accum_steps=cfg.grad_accum_steps,
+                asynchronous=recovery.async_checkpoints,
             )
             per_worker = bool(getattr(train_fn, "per_worker_batch", True))
             plan = checkpointer.reshard_plan(ctx, per_worker) if reshards(cfg) else None

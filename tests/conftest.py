@@ -80,6 +80,20 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def serving_envs(tmp_path_factory) -> Path:
+    """Where fresh environments of a model's declared requirements are built (uv, from the
+    package index), once per test session: flyscale.serving.servers.environment."""
+    return tmp_path_factory.mktemp("serving-envs")
+
+
+def fresh_python(model_dir: Path, root: Path) -> Path:
+    """The python of an environment with nothing but what the MLflow model in `model_dir` declares."""
+    from flyscale.serving import servers
+
+    return servers.environment(servers.model_requirements(model_dir), root)
+
+
+@pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory):
     """A real S3-compatible server (moto's server mode); yields its endpoint URL."""
     root = tmp_path_factory.mktemp("moto")

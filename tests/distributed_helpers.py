@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import traceback
 
 import torch.multiprocessing as mp
@@ -20,7 +21,9 @@ def _entry(rank: int, world: int, port: int, fn, args, results):
         OMP_NUM_THREADS="1",
     )
     try:
-        results[rank] = ("ok", fn(*args))
+        # Pickled here: the manager would otherwise unpickle every rank's result in threads of its
+        # own, importing torch and flyscale from several at once (an import deadlock under load).
+        results[rank] = ("ok", pickle.dumps(fn(*args)))
     except BaseException:  # report the worker's own traceback, not a bare exit code
         results[rank] = ("error", traceback.format_exc())
         raise
@@ -49,5 +52,5 @@ def run_on_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
             status, value = results.get(r, ("error", f"rank {r} exited with code {procs[r].exitcode}"))
             if status != "ok":
                 raise RuntimeError(f"rank {r} failed:\n{value}")
-            out.append(value)
+            out.append(pickle.loads(value))
         return out

@@ -30,7 +30,15 @@ from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import NIGHTLY, run_pipeline
 
 DATA = ["load_data", "validate_data", "split_data", "augment_data"]
-TRAINING = ["preflight_check", "train_model", "evaluate_model", "quantize_model", "register_model"]
+TRAINING = [
+    "preflight_check",
+    "train_model",
+    "evaluate_model",
+    "export_model",
+    "quantize_model",
+    "load_test_model",
+    "register_model",
+]
 MODEL = "cache-e2e"
 
 

@@ -29,6 +29,8 @@ TASKS = [
     "preflight_check",
     "train_model",
     "evaluate_model",
+    "export_model",
+    "load_test_model",
     "quantize_model",
     "register_model",
     "record_candidate",

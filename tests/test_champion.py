@@ -232,10 +232,12 @@ def _files(tmp_path, seed: int = 0) -> tuple[run_log.ModelFiles, run_log.ModelFi
     cfg = ModelConfig(options={"hidden": [8]})
     torch.manual_seed(seed)
     model = artifacts.build_model(cfg, info)
-    int8 = quantize(model, QuantizeConfig())
+    int8 = quantize(model, QuantizeConfig(name="torch_dynamic_int8"))
     return (
         run_log.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
-        run_log.ModelFiles(artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig())),
+        run_log.ModelFiles(
+            artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig(name="torch_dynamic_int8"))
+        ),
     )
 
 

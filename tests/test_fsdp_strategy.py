@@ -80,7 +80,8 @@ def _fsdp_rank(cfg: TrainConfig, options: FSDPOptions):
     with process_group(timeout_s=60) as ctx:
         result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, options)
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
-        return state, result.history.state_mb, result.history.epochs[0].train_loss
+        history = (vars(result.history.epochs[0]), result.history.diagnosis)
+        return state, result.history.state_mb, result.history.epochs[0].train_loss, history
 
 
 CFG = TrainConfig(
@@ -102,7 +103,7 @@ def trained():
 
 @pytest.mark.timeout(180)
 def test_fsdp_at_world_size_2_matches_one_process_with_the_doubled_batch(trained):
-    (state, _, train_loss), _ = trained
+    (state, _, train_loss, _), _ = trained
     reference, losses = _reference(CFG, 2 * B * STEPS, 2 * B)
     assert set(state) == set(reference)
     for name, ref in reference.items():
@@ -114,7 +115,7 @@ def test_fsdp_at_world_size_2_matches_one_process_with_the_doubled_batch(trained
 
 @pytest.mark.timeout(180)
 def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(trained):
-    (_, state_mb, _), _ = trained
+    (_, state_mb, _, _), _ = trained
     model = meta.materialise(_gpt(), "cpu", CFG.seed)
     opt = torch.optim.AdamW(model.parameters())
     model(_data(8).x_train[:2, :-1]).sum().backward()
@@ -122,6 +123,16 @@ def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(tr
     whole = state_bytes(model, opt) / 2**20  # one process's parameters, gradients and Adam state
     for mb in state_mb:
         assert 0.4 * whole < mb < 0.6 * whole, (state_mb, whole)
+
+
+@pytest.mark.timeout(180)
+def test_all_gathers_and_reduce_scatters_are_timed_and_a_communication_bound_run_is_told_its_knobs(trained):
+    """A tiny GPT on gloo: the collectives are in flight for much of each step (never longer than
+    it), and the run's diagnosis names them and fsdp's own knobs."""
+    (_, _, _, (epoch, diagnosis)), _ = trained
+    assert 0.25 <= epoch["grad_comm_fraction"] <= 1.0, epoch
+    assert diagnosis.startswith("communication-bound: parameter all-gathers and gradient reduce-scatters are in flight")
+    assert "train.options.reshard_after_forward: false" in diagnosis and "bucket_cap_mb" not in diagnosis
 
 
 class _Killed(Exception):
@@ -142,34 +153,48 @@ class _DiesAfter(Checkpointer):
         return path
 
 
-def _resumable_rank(cfg: TrainConfig, root: str, die_at: int):
+def _resumable_rank(cfg: TrainConfig, root: str, die_at: int, asynchronous: bool = False):
     with process_group(timeout_s=60) as ctx:
-        ckpt = _DiesAfter(Path(root), die_at, every_steps=3) if root else None
+        ckpt = _DiesAfter(Path(root), die_at, every_steps=3, asynchronous=asynchronous) if root else None
         try:
             result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt))
-        except _Killed as killed:
-            saved = Path(str(killed))
-            return "killed", sorted(str(p.relative_to(saved)) for p in saved.rglob("*") if p.is_file())
+        except _Killed:
+            if not ctx.is_main:  # rank 0 commits (renames) the checkpoint: only it may look
+                return "killed", []
+            committed = sorted(p for p in Path(root).glob("step-*") if p.suffix != ".partial")
+            return "killed", [str(p.relative_to(root)) for p in committed[-1].rglob("*") if p.is_file()]
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
         return state, result.history.resumed_from_step
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_two_epochs():
+    (whole, _), _ = run_on_ranks(_resumable_rank, 2, dataclasses.replace(CFG, epochs=2), "", 0, timeout=150)
+    return whole
+
+
 @pytest.mark.timeout(240)
-def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weights(tmp_path):
-    cfg = dataclasses.replace(CFG, epochs=2)  # 8 steps; a checkpoint every 3: the job dies at step 3, mid-epoch
-    (whole, _), _ = run_on_ranks(_resumable_rank, 2, cfg, "", 0, timeout=150)
-    (killed, files), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 3, timeout=150)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weights(
+    uninterrupted_two_epochs, tmp_path, asynchronous
+):
+    """8 steps, a checkpoint every 3. Saved synchronously, the job dies right after step 3's and
+    resumes from it. Saved asynchronously, it dies right after step 6's save began, while that
+    one is still being written: it is never committed, and the run resumes from step 3's."""
+    cfg = dataclasses.replace(CFG, epochs=2)
+    die_at = 6 if asynchronous else 3
+    (killed, files), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), die_at, asynchronous, timeout=150)
     assert killed == "killed"
     # Each rank wrote its own shards through DCP; nobody wrote the whole model.
-    assert [f for f in files if f.startswith("state/")] == [
-        "state/.metadata",
-        "state/__0_0.distcp",
-        "state/__1_0.distcp",
+    assert sorted(f for f in files if "/state/" in f) == [
+        "step-000000003/state/.metadata",
+        "step-000000003/state/__0_0.distcp",
+        "step-000000003/state/__1_0.distcp",
     ]
-    assert not [f for f in files if f.startswith("state-")]
-    (resumed, step), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 0, timeout=150)
+    assert "step-000000003/manifest.json" in files
+    (resumed, step), _ = run_on_ranks(_resumable_rank, 2, cfg, str(tmp_path), 0, asynchronous, timeout=150)
     assert step == 3
-    for name, ref in whole.items():
+    for name, ref in uninterrupted_two_epochs.items():
         torch.testing.assert_close(resumed[name], ref, rtol=0, atol=0, msg=name)
 
 

@@ -14,9 +14,11 @@ from flyscale_plugins.gates import (
     BeatsChampionOptions,
     MinMetricOptions,
     QuantizationOptions,
+    ServedOptions,
     beats_champion,
     min_metric,
     quantization,
+    served,
 )
 
 
@@ -52,6 +54,39 @@ def test_the_quantization_gate_bounds_cost_and_demands_gain():
     assert quantization.check(
         {"int8_accuracy_drop": 0.0}, QuantizationOptions(), None
     ).passed  # only the drop by default
+
+
+def test_the_served_gate_holds_the_served_model_to_its_latency_and_its_export_to_parity():
+    metrics = {
+        "onnx_max_abs_diff": 3e-6,
+        "served_c16_latency_p99_ms": 12.0,
+        "served_c16_error": 0.0,
+        "served_c16_throughput": 900.0,
+    }
+    opts = ServedOptions(max_p99_ms=50, at_concurrency=16, min_throughput=500)
+    ok = served.check(metrics, opts, None)
+    assert ok.passed and "served p99 at 16 clients (ms) 12 <= 50" in ok.reason
+    slow = served.check({**metrics, "served_c16_latency_p99_ms": 75.0}, opts, None)
+    assert not slow.passed and "served p99 at 16 clients (ms) 75 > 50" in slow.reason
+    lossy = served.check({**metrics, "served_c16_error": 0.01}, opts, None)
+    assert not lossy.passed and "requests failed at 16 clients 0.01 > 0" in lossy.reason
+    drifted = served.check({**metrics, "onnx_max_abs_diff": 0.2}, opts, None)
+    assert not drifted.passed and "max difference from PyTorch 0.2 > 0.0001" in drifted.reason
+    untested = served.check({"onnx_max_abs_diff": 0.0}, opts, None)
+    assert not untested.passed and "no served_c16_latency_p99_ms was recorded" in untested.reason
+
+
+@pytest.mark.parametrize(
+    "serving,message",
+    [
+        ({}, "only the load test of the served model records: set serving.loadtest: true"),
+        ({"loadtest": True, "levels": [1, 4]}, r"serving.levels \[1, 4\] does not load-test 16 clients"),
+    ],
+)
+def test_a_served_gate_without_the_load_test_it_reads_is_refused_before_the_run(serving, message):
+    with pytest.raises(ValueError, match=message):
+        from_dict({"serving": serving, "gate": [{"name": "served", "options": {"at_concurrency": 16}}]})
+    from_dict({"serving": {"loadtest": True, "levels": [16]}, "gate": [{"name": "served"}]})  # what works
 
 
 def test_every_gate_is_judged_and_all_must_pass():

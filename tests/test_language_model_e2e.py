@@ -72,11 +72,12 @@ def test_the_registered_model_continues_a_prompt_given_as_a_string(run, mlflow_s
     out = model.predict("The ", params=greedy)
     assert len(out) == 1 and isinstance(out[0], str) and out[0]
     assert model.predict(["The ", "A list"], params=greedy)[0] == out[0]  # batched as given alone
-    # The int8 model is registered beside it, its Linear layers quantized.
+    # The int8 model is registered beside it, its Linear layers quantized by ONNX Runtime.
     client = mlflow.MlflowClient()
     run_id = client.get_model_version_by_alias("text-e2e", "champion").run_id
     metrics = client.get_run(run_id).data.metrics
-    assert metrics["int8_test_size_bytes"] < 0.8 * metrics["test_size_bytes"]  # the embeddings stay fp32
+    # The files as served: smaller, though in a model this small the fp32 embeddings weigh most.
+    assert metrics["test_int8_size_ratio"] > 1.2
     assert "test_perplexity" in metrics and "test_int8_perplexity_increase" in metrics
     artifacts = {a.path for a in client.list_artifacts(run_id, "samples")}
     assert {"samples/fp32.txt", "samples/int8.txt"} <= artifacts

@@ -52,7 +52,7 @@ def _flyte_s3_env(endpoint: str) -> dict[str, str]:
     }
 
 
-def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch) -> str:
+def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch, strategy: str = "ddp") -> str:
     """train_model's inputs, as the upstream tasks would have left them: literals in S3 and the
     training and validation shards uploaded to the raw-data prefix."""
     from flytekit.configuration import DataConfig as FlyteDataConfig
@@ -83,7 +83,7 @@ def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch) -> str:
         "val": shards.write(val, "val"),
         "info": info,
         "model_cfg": ModelConfig(),
-        "cfg": TrainConfig(epochs=2, batch_size=32),
+        "cfg": TrainConfig(strategy=strategy, epochs=2, batch_size=32),
         "preflight": PreflightReport(passed=True, world_size=0),
         "fingerprint": data.fingerprint(cfg),
         "started": TaskRun.start("fingerprint_data", execution="pytorchjob-sim"),
@@ -220,20 +220,30 @@ def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp
 
 
 @pytest.mark.timeout(900)
-def test_a_classic_pytorchjob_master_and_worker_train_and_the_master_writes_the_outputs(
+def test_a_classic_pytorchjob_master_and_worker_train_fsdp_and_the_master_writes_the_outputs(
     tmp_path, s3, moto_endpoint, monkeypatch
 ):
+    """Two pods, each one process, the model sharded between them (fsdp): each pod holds half."""
     client, bucket = s3
     prefix = f"s3://{bucket}/job"
     spec = _packaged_train_task(tmp_path, FLYSCALE_LAUNCHER="pytorch", FLYSCALE_NNODES="2")
     assert spec.template.type == "pytorch"
     assert list(spec.template.container.args)[:3] == ["python", "-m", "flyscale.cluster.exit_codes"]
-    inputs = _inputs(tmp_path, prefix, moto_endpoint, monkeypatch)
+    inputs = _inputs(tmp_path, prefix, moto_endpoint, monkeypatch, strategy="fsdp")
     # What the training operator puts in the master's and the worker's pod: one process each.
     master = {"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
     logs = _wait(
         _pods(spec, inputs, prefix, tmp_path, moto_endpoint, [{**master, "RANK": "0"}, {**master, "RANK": "1"}])
     )
     _, trained = _outputs(prefix, tmp_path)
-    assert trained.history.world_size == 2 and len(trained.history.epochs) == 2
+    history = trained.history
+    assert history.world_size == 2 and history.strategy == "fsdp" and len(history.epochs) == 2
+    assert history.epochs[-1].val_accuracy > 0.5
+    # The default MLP's parameters, gradients and AdamW state (4 floats a parameter), split between the two pods.
+    from flyscale.config import DataConfig, ModelConfig
+    from flyscale.data import source
+    from flyscale.model import build_model
+
+    whole = 16 * sum(p.numel() for p in build_model(ModelConfig(), source.info(DataConfig())).parameters()) / 2**20
+    assert len(history.state_mb) == 2 and max(history.state_mb) < 0.6 * whole, (history.state_mb, whole)
     assert ["Outputs.pb will not be uploaded" in log for log in logs] == [False, True]  # the worker pod wrote nothing

@@ -28,6 +28,7 @@ from flyscale_plugins.strategies.pipeline import (
     build_stage,
     forward_backward,
     pipeline,
+    split_bounds,
     split_model,
     train_loader,
 )
@@ -210,6 +211,31 @@ def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
         assert run["epochs"][-1]["val_loss"] == pytest.approx(v_loss / v_count, rel=RTOL, abs=ATOL)
         assert run["epochs"][-1]["val_accuracy"] == pytest.approx(v_correct / v_count)
     assert rank0["world"] == 2 and alone["world"] == 1
+
+
+@pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+def test_interleaved_1f1b_runs_two_stages_a_rank_and_trains_as_one_process(tmp_path):
+    """Four stages on two ranks (rank 0 runs stages 0 and 2, rank 1 stages 1 and 3), torch's
+    interleaved 1F1B schedule: the same weights, losses and validation as one process, with
+    clipping by the global norm; rank 1 never holds stage 0's or 2's layers."""
+    data = _toy_data()
+    cfg = TrainConfig(
+        strategy="pipeline", epochs=2, batch_size=16, lr=1e-2, seed=3, grad_clip_norm=0.05, track_train_accuracy=True
+    )
+    options = PipelineOptions(schedule="interleaved_1f1b", microbatches=4)
+    ref_model, ref_epochs = _reference_training(data, cfg, meta.materialise(_meta_mlp(), "cpu", cfg.seed))
+    v_loss, v_correct, v_count = evaluate_split(ref_model, data.x_val, data.y_val, DistContext())()
+    rank0, rank1 = _run_distributed(_train_meta, data, cfg, options, out_dir=tmp_path)
+    bounds = split_bounds(_meta_mlp(), 4, [])
+    others = [i for s in (0, 2) for i in range(bounds[s], bounds[s + 1]) if list(_meta_mlp()[i].parameters())]
+    assert rank1["meta_layers"] == others and len(others) == 2
+    for name, ref in ref_model.state_dict().items():
+        torch.testing.assert_close(rank0["state"][name], ref, rtol=RTOL, atol=ATOL, msg=name)
+    for got, (ref_loss, ref_acc) in zip(rank0["epochs"], ref_epochs, strict=True):
+        assert got["train_loss"] == pytest.approx(ref_loss, rel=RTOL, abs=ATOL)
+        assert got["train_accuracy"] == pytest.approx(ref_acc)
+    assert rank0["epochs"][-1]["val_loss"] == pytest.approx(v_loss / v_count, rel=RTOL, abs=ATOL)
+    assert rank0["epochs"][-1]["val_accuracy"] == pytest.approx(v_correct / v_count)
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine

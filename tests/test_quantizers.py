@@ -1,4 +1,6 @@
-"""Quantizers on real trained models: static int8 (calibrated) and the interface around it."""
+"""Quantizers on real trained models: ONNX Runtime's int8 of the exported file (the default
+`dynamic_int8`, and `static_int8` calibrated, QDQ), torch.ao's deprecated static int8, and the
+interface around them."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from flyscale.data import source as data
 from flyscale.data.split import split
 from flyscale.data.tensors import to_tensors
 from flyscale.evaluate.metrics import evaluate
-from flyscale.evaluate.quantize import quantize, rebuild_quantized
+from flyscale.evaluate.quantize import quantize, quantize_onnx, rebuild_quantized
+from flyscale.export import onnx
 from flyscale.plugin import registry
 from flyscale.plugin.registry import PluginContractError
 from flyscale.train.batches import train_data
@@ -22,7 +25,7 @@ from flyscale.train.batches import train_data
 pytestmark = pytest.mark.timeout(120)
 
 CNN = ModelConfig(name="cnn", options={"channels": [16, 32], "hidden": 128})
-STATIC = QuantizeConfig(name="static_int8")
+STATIC = QuantizeConfig(name="torch_static_int8")
 # Measured over seeds 0-3 (5 MLP / 3 CNN epochs, 360 test rows): the largest drop was 0.0083
 # (3 rows), most were 0 or one row. 0.02 leaves margin and still catches a broken calibration
 # (uncalibrated or mis-scaled int8 loses tens of points).
@@ -73,6 +76,39 @@ def cnn(digits):
     return model, quantize(model, STATIC, _calibration(digits[0]))
 
 
+@pytest.mark.parametrize("which,name", [("mlp", "dynamic_int8"), ("mlp", "static_int8"), ("cnn", "static_int8")])
+def test_onnx_runtime_int8_of_the_export_costs_little_accuracy(which, name, request, digits, tmp_path):
+    model, _ = request.getfixturevalue(which)
+    d, (x, y), info = digits
+    fp32 = onnx.OnnxModule(onnx.export(model, x[:4], tmp_path / "model.onnx"))
+    cfg = QuantizeConfig(name=name)
+    calibration = [b.numpy() for b in _calibration(d)] if name == "static_int8" else None
+    int8 = onnx.OnnxModule(quantize_onnx(fp32.path, cfg, calibration))
+    a, b = evaluate(fp32, x, y, info.num_classes), evaluate(int8, x, y, info.num_classes)
+    assert a.accuracy > 0.9 and a.accuracy - b.accuracy <= MAX_DROP, (a.accuracy, b.accuracy)
+    error = float((int8(x) - fp32(x)).norm() / fp32(x).norm())
+    assert 0 < error < MAX_LOGIT_ERROR, error  # int8 arithmetic, calibrated: not the fp32 file again
+    assert int8.size_bytes() < fp32.size_bytes() / 3
+    ops = {n.op_type for n in __import__("onnx").load(str(int8.path)).graph.node}
+    # static: QDQ pairs around int8 weights and activations; dynamic: integer matmuls, convs fp32
+    assert ({"QuantizeLinear", "DequantizeLinear"} <= ops) if name == "static_int8" else ("MatMulInteger" in ops)
+
+
+def test_onnx_static_int8_calibrates_on_the_data_it_is_given(mlp, digits, tmp_path):
+    model, _ = mlp
+    d, (x, _), _ = digits
+    fp32 = onnx.OnnxModule(onnx.export(model, x[:4], tmp_path / "model.onnx"))
+    cfg = QuantizeConfig(name="static_int8")
+    good = onnx.OnnxModule(quantize_onnx(fp32.path, cfg, [b.numpy() for b in _calibration(d)]))
+    wrong = onnx.OnnxModule(quantize_onnx(fp32.path, cfg, [(b / 20).numpy() for b in _calibration(d)]))
+    errors = [float((m(x) - fp32(x)).norm() / fp32(x).norm()) for m in (good, wrong)]
+    assert errors[0] * 3 < errors[1], errors  # ranges from data scaled down 20x clip every activation
+    with pytest.raises(ValueError, match="'static_int8' calibrates on data"):
+        quantize_onnx(fp32.path, cfg, None)
+    with pytest.raises(ValueError, match="quantizes the exported ONNX file"):
+        quantize(model, cfg)
+
+
 @pytest.mark.parametrize("which", ["mlp", "cnn"])
 def test_static_int8_costs_little_accuracy(which, request, digits):
     model, qmodel = request.getfixturevalue(which)
@@ -114,7 +150,7 @@ def test_a_state_dict_restores_the_quantized_model_exactly(which, cfg, request, 
 def test_rebuild_quantized_serves_a_quantizer_that_does_not_calibrate(mlp, digits):
     model, _ = mlp
     _, (x, _), info = digits
-    dynamic = QuantizeConfig(name="dynamic_int8")
+    dynamic = QuantizeConfig(name="torch_dynamic_int8")
     qmodel = quantize(model, dynamic)
     path = artifacts.save_state(qmodel, "model_int8.pt")
     fresh = rebuild_quantized(artifacts.build_model(ModelConfig(), info), dynamic, info)
@@ -129,7 +165,7 @@ def _tiny(info) -> nn.Module:
 
 @pytest.mark.parametrize("calibration", [None, []])
 def test_static_int8_without_calibration_is_a_clear_error(calibration, digits):
-    with pytest.raises(ValueError, match=r"quantizer 'static_int8' calibrates on data: pass calibration"):
+    with pytest.raises(ValueError, match=r"quantizer 'torch_static_int8' calibrates on data: pass calibration"):
         quantize(_tiny(digits[2]), STATIC, calibration)
     with pytest.raises(ValueError, match=r"static_int8 needs calibration"):  # the plugin, called directly
         STATIC.plugin.plugin.quantize(_tiny(digits[2]), None, [torch.ones(2, 64, dtype=torch.int64)])
@@ -219,13 +255,13 @@ def test_dynamic_int8_quantizes_linear_subclasses_that_keep_its_forward():
     torch.manual_seed(0)
     model = nn.Sequential(InitOnly(16, 32), nn.ReLU(), nn.Sequential(InitOnly(32, 8)), OwnForward(8, 4))
     x = torch.randn(5, 16)
-    q = registry.quantizers.get("dynamic_int8").quantize(model, None)
+    q = registry.quantizers.get("torch_dynamic_int8").quantize(model, None)
     assert isinstance(q[0], torch.ao.nn.quantized.dynamic.Linear)
     assert isinstance(q[2][0], torch.ao.nn.quantized.dynamic.Linear)  # nested too
     assert type(q[3]) is OwnForward  # its forward is its own: quantizing it would change what it computes
     assert type(model[0]) is InitOnly and type(model[2][0]) is InitOnly  # the caller's model is untouched
     assert torch.allclose(q(x), model(x), atol=0.05)
     # What a registered int8 model is rebuilt from: the same structure, so its state_dict loads.
-    rebuilt = rebuild_quantized(model, QuantizeConfig(), None)
+    rebuilt = rebuild_quantized(model, QuantizeConfig(name="torch_dynamic_int8"), None)
     rebuilt.load_state_dict(q.state_dict())
     assert torch.equal(rebuilt(x), q(x))

@@ -6,10 +6,13 @@ compares two."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import yaml
 from mlflow import MlflowClient
 
 from flyscale.tracking.store import KIND_TAG, TRAINING_KIND
-from tests.conftest import BIN, REPO, run_pipeline
+from tests.conftest import BIN, REPO, free_port, run_pipeline
 
 MODEL = "registry-e2e"
 
@@ -56,10 +59,50 @@ def _loads_without_pickle(uri: str, models: list[str]) -> subprocess.CompletedPr
         "    m = mlflow.pyfunc.load_model(f'models:/{name}@champion')\n"
         "    p = m.predict(np.zeros((3, 64), dtype='float32'))\n"
         "    assert p.shape == (3, 10) and abs(p.sum(axis=1) - 1).max() < 1e-5, p\n"
-        "    print('loaded', name, type(m.unwrap_python_model().model).__name__)\n"
+        "    print('loaded', name, type(m.unwrap_python_model()).__name__)\n"
     )
     env = {"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false", "PATH": str(BIN)}
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _served(uri: str, model_uri: str, rows, envs: Path) -> dict:
+    """`mlflow models serve -m MODEL_URI --env-manager uv` on a free port, as the registry page
+    says: uv builds a fresh environment (under `envs`) of the model's requirements alone, from
+    the package index, so no flyscale and no torch. The answer to one POST of `rows`."""
+    import urllib.request
+
+    port = free_port()
+    # mlflow and uv on the PATH, as the page assumes.
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "MLFLOW_ENV_ROOT": str(envs),
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    cmd = ["mlflow", "models", "serve", "-m", model_uri, "--env-manager", "uv", "-p", str(port)]
+    server = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600  # the environment is installed first
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"mlflow models serve did not come up: {server.stderr.read()[-3000:]}"
+                    ) from None
+                time.sleep(0.5)
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": rows.tolist()}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +148,22 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     ):
         assert v2.tags.get(tag), f"version 2 has no {tag}: {v2.tags}"
 
+    # The registry page reads as prose: what the version is, its metrics beside the champion it
+    # beat (v1), its data, how to load and serve it; and the model says what feeds it.
+    page = v2.description
+    assert page.startswith(f"**{MODEL} v2**: a `mlp` model with the `classification` objective, trained with `ddp`")
+    assert "| test metric | v2 | v1 |" in page and "| accuracy | " in page
+    accuracy = client.get_run(_run_id(better)).data.metrics["test_accuracy"]
+    assert f"| accuracy | {accuracy:.4f} | " in page
+    assert v2.tags["flyscale.data_fingerprint"][:16] in page
+    assert f'mlflow models serve -m "models:/{MODEL}/2" --env-manager uv' in page
+    assert "it needs only mlflow, onnxruntime and numpy" in page
+    assert "beats_champion passed" in page and "ONNX: artifact `onnx/model.onnx`" in page
+    int8_page = client.get_model_version(f"{MODEL}-int8", "2").description
+    assert int8_page.startswith(f"**{MODEL}-int8 v2**: the int8 twin (dynamic_int8) of a `mlp` model")
+    about = client.get_registered_model(MODEL).description
+    assert "Trained by flyscale's `training_pipeline`" in about and "`beats_champion`, `quantization`" in about
+
     # The UI opens on runs, runs have names that tell them apart, curves and the config are there.
     runs = [client.get_run(_run_id(out)) for out in (first, better)]
     experiment = client.get_experiment(runs[0].info.experiment_id)
@@ -119,10 +178,29 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert "config.yaml" in artifacts, artifacts
     assert "gate.gates.0.name" in runs[1].data.params
 
+    # The ONNX export beside it, checked against PyTorch on the whole test split, named by its sha256
+    # on the version, and answering as the registered model does, with onnxruntime alone.
+    assert "  onnx        ONNX Runtime against PyTorch on " in better and "the same prediction on every one" in better
+    onnx_file = Path(client.download_artifacts(runs[1].info.run_id, "onnx/model.onnx", str(tmp_path / "onnx")))
+    assert hashlib.sha256(onnx_file.read_bytes()).hexdigest() == v2.tags["flyscale.onnx_sha256"]
+    import numpy as np
+    import onnxruntime as ort
+
+    rows = np.random.default_rng(0).uniform(0, 16, (5, 64)).astype("float32")
+    logits = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"]).run(None, {"input": rows})[0]
+    # The command the page prints serves the version over HTTP on loopback; the ONNX file answers the same.
+    served = np.asarray(_served(uri, f"models:/{MODEL}/2", rows, tmp_path / "envs")["predictions"])
+    environment = next((tmp_path / "envs").iterdir())  # what uv built: the requirements, nothing of ours
+    installed = {p.name.split("-")[0].lower() for p in environment.glob("**/site-packages/*.dist-info")}
+    assert {"mlflow", "onnxruntime", "numpy"} <= installed and not installed & {"torch", "flyscale"}, installed
+    assert served.shape == (5, 10) and abs(served.sum(axis=1) - 1).max() < 1e-5
+    probabilities = np.exp(logits - logits.max(1, keepdims=True))
+    np.testing.assert_allclose(probabilities / probabilities.sum(1, keepdims=True), served, atol=1e-5)
+
     # Both champions load with pickle deserialization disabled.
     loaded = _loads_without_pickle(uri, [MODEL, f"{MODEL}-int8"])
     assert loaded.returncode == 0, loaded.stderr[-3000:]
-    assert loaded.stdout.count("loaded") == 2, loaded.stdout
+    assert loaded.stdout.count("OnnxModel") == 2, loaded.stdout  # both served from ONNX: int8 too
 
     # The first run's own config.yaml, run again (a fresh cache: it retrains the same weights):
     # not better than champion v2, so nothing is registered and the alias stays. Going back is

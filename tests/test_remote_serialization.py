@@ -98,11 +98,12 @@ def packaged(tmp_path_factory) -> dict[str, dict[str, object]]:
 
 
 def _tasks(specs: dict[str, object]) -> dict[str, TaskSpec]:
-    """The training pipeline's tasks (the scaling study's, in tasks/scaling.py, are its own)."""
+    """The training pipeline's tasks (the scaling study's, tasks/scaling.py, and batch
+    prediction's, tasks/predict.py, are their own)."""
     return {
         name: spec
         for name, spec in specs.items()
-        if isinstance(spec, TaskSpec) and not name.startswith("tasks.scaling.")
+        if isinstance(spec, TaskSpec) and not name.startswith(("tasks.scaling.", "tasks.predict."))
     }
 
 
@@ -117,8 +118,10 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
     # the model check, the four data branches (one a map task), both publish branches, the failure handler,
     # and the data-only workflow's summary
-    assert len(_tasks(specs)) == 23
+    assert len(_tasks(specs)) == 25
     assert "tasks.register.close_failed_run" in specs
+    # Batch prediction fans out: its scoring is an array node (a pod per piece on a cluster).
+    assert any(n.startswith("tasks.predict.map_score_part") and n.endswith("-arraynode") for n in specs), sorted(specs)
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1
     assert train.metadata.retries.retries == 2 and train.metadata.interruptible

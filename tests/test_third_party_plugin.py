@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from tests.conftest import run_pipeline
+from tests.conftest import fresh_python, run_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = [REPO / "tests" / "example_plugin", REPO / "tests" / "example_typed_plugin"]
@@ -138,7 +138,7 @@ CASES = [
         [
             "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
             "acme-cuda-kernels",
-            "Other models: acme_bn_mlp, acme_linear, acme_no_build, acme_residual, acme_tiny_mlp, cnn, gpt, mlp",
+            "Other models: acme_bn_mlp, acme_gated, acme_linear, acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, mlp",
         ],
     ),
     (
@@ -146,8 +146,8 @@ CASES = [
         "resnet9000",
         "{}",
         [
-            "model.name: unknown model 'resnet9000'; available: acme_bn_mlp, acme_broken, acme_linear, "
-            "acme_no_build, acme_residual, acme_tiny_mlp, cnn, gpt, mlp",
+            "model.name: unknown model 'resnet9000'; available: acme_bn_mlp, acme_broken, acme_gated, acme_linear, "
+            "acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, mlp",
         ],
     ),
     (
@@ -195,7 +195,7 @@ def test_config_validation_with_third_party_plugins(validated, case):
 
 
 @pytest.mark.timeout(300)
-def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
+def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path, serving_envs):
     """THE end-to-end: a YAML preset picks Acme's tabular dataset, model and gate, none of which
     imports flyscale or returns flyscale's types; pyflyte runs every stage."""
     preset = tmp_path / "acme.yaml"
@@ -240,6 +240,30 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path):
     assert weights < run.metrics["test_size_bytes"] < weights + 4096
     # And it learned something: chance on 3 balanced-ish classes is about 0.4.
     assert run.metrics["test_accuracy"] > 0.8
+
+    # Its model loads and answers where neither Acme's package nor flyscale nor torch is installed:
+    # a fresh environment of the logged model's declared requirements (served from ONNX).
+    import mlflow
+
+    # A runs:/ URI finds its logged model through MLflow's global tracking URI, not the argument's.
+    mlflow.set_tracking_uri(uri)
+    logged = Path(mlflow.artifacts.download_artifacts(f"runs:/{runs[0].info.run_id}/model", dst_path=str(tmp_path)))
+    code = (
+        "import importlib.util, mlflow, numpy as np, sys\n"
+        "assert not any(importlib.util.find_spec(m) for m in ('torch', 'flyscale', 'acme_flyscale'))\n"
+        "p = mlflow.pyfunc.load_model(sys.argv[1]).predict(np.zeros((4, 13), dtype='float32'))\n"
+        "assert p.shape == (4, 3) and abs(p.sum(axis=1) - 1).max() < 1e-5, p\n"
+        "print('answered')\n"
+    )
+    fresh = subprocess.run(
+        [str(fresh_python(logged, serving_envs)), "-c", code, str(logged)],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert fresh.returncode == 0 and "answered" in fresh.stdout, fresh.stderr[-3000:]
 
 
 @pytest.mark.timeout(200)
@@ -318,3 +342,55 @@ def test_plugins_written_against_flyscale_api_work_too(site):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test loss 0.2500 <= 0.3" in proc.stdout
     assert "Linear(in_features=4, out_features=3" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "model,onnx_line,served",
+    [
+        # ONNX lacks an operator: a torch.export program, loaded without the plugin or flyscale.
+        ("acme_running_max", "  onnx        the torch.export program against PyTorch on ", "OnnxModel"),
+        # A forward that branches on the data: no export at all; the PyTorch model, plugin needed.
+        ("acme_gated", "  onnx        not exported: the Gated could not be exported to ONNX", "FlyscaleModel"),
+    ],
+)
+def test_a_model_onnx_cannot_take_still_registers(site, tmp_path, model, onnx_line, served):
+    """The run says what became of the export, the int8 copy falls back to torch.ao, and the
+    registered model loads: from its torch.export program where torch could trace it (no plugin
+    needed), else as the PyTorch model where the plugin is installed."""
+    cfg = {
+        "data": {"dataset": "acme_wine"},
+        "model": {"name": model},
+        "gate": {"name": "min_metric", "options": {"threshold": 0.0}},
+        "train": {"epochs": 2, "batch_size": 16},
+        "mlflow": {"experiment": "acme", "model_name": "acme-export"},
+    }
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": _env(site)["PYTHONPATH"]}
+    proc = run_pipeline(home, "--cfg", json.dumps(cfg), env=env, timeout=280)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    assert onnx_line in proc.stdout, proc.stdout[-3000:]
+    assert "registered  acme-export v1" in proc.stdout
+    assert "torch_dynamic_int8" in proc.stdout + proc.stderr  # the int8 fallback, said
+    code = (
+        "import mlflow, numpy as np\n"
+        "m = mlflow.pyfunc.load_model('models:/acme-export@champion')\n"
+        "p = m.predict(np.ones((2, 13), dtype='float32'))\n"
+        "assert p.shape == (2, 3) and abs(p.sum(axis=1) - 1).max() < 1e-5, p\n"
+        "print(type(m.unwrap_python_model()).__name__)\n"
+    )
+    # The program needs no plugin: loaded without Acme's package on the path (flyscale's own
+    # absence is tests/test_served_model.py's to show). The PyTorch model needs the package.
+    where = (
+        _env(site) if served == "FlyscaleModel" else {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "")}
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**where, "MLFLOW_TRACKING_URI": uri},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert loaded.stdout.strip().endswith(served), loaded.stdout

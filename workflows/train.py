@@ -16,8 +16,10 @@ from flyscale.config import PipelineConfig
 from flyscale.render.summary import RunSummary
 from tasks.data import fingerprint_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
+from tasks.export import export_model
 from tasks.preflight import check_model, preflight_check
 from tasks.register import close_failed_run, record_candidate, register_model, summarize
+from tasks.serving import load_test_model
 from tasks.train import train_model
 from workflows.data import dataset
 
@@ -25,8 +27,8 @@ from workflows.data import dataset
 # A task that fails leaves the execution's MLflow run FAILED, not RUNNING for ever.
 @workflow(on_failure=close_failed_run)
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
-    """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> quantize
-    -> gate -> register (every gate passed) or record (one failed) -> summarize."""
+    """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> export (ONNX) -> quantize (the
+    ONNX file, by default) -> load test of the served model (serving.loadtest) -> gate -> register (every gate passed) or record (one failed) -> summarize."""
     model = check_model(
         data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
     )
@@ -70,6 +72,9 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         tokens=validated.tokens,
         tokenizer=validated.tokenizer,
     )
+    exported, export_ran = export_model(
+        weights=trained.weights, test=test, info=validated.info, model_cfg=cfg.model, objective=cfg.objective
+    )
     int8, quantize_ran = quantize_model(
         weights=trained.weights,
         train=train,
@@ -79,12 +84,24 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         cfg=cfg.quantize,
         fp32=fp32.metrics,
         history=trained.history,
+        onnx_model=exported.onnx,
         objective=cfg.objective,
         tokens=validated.tokens,
         tokenizer=validated.tokenizer,
     )
-    judgment, passed = gate_model(fp32=fp32, int8=int8, cfg=cfg.gate, champion_of=cfg.mlflow)
-    ran = [preflight_ran, train_ran, evaluate_ran, quantize_ran]
+    served, served_ran = load_test_model(
+        exported=exported,
+        weights=trained.weights,
+        info=validated.info,
+        model_cfg=cfg.model,
+        cfg=cfg.serving,
+        objective=cfg.objective,
+        tokenizer=validated.tokenizer,
+    )
+    judgment, passed = gate_model(
+        fp32=fp32, int8=int8, exported=exported, served=served, cfg=cfg.gate, champion_of=cfg.mlflow
+    )
+    ran = [preflight_ran, train_ran, evaluate_ran, export_ran, quantize_ran, served_ran]
     candidate = dict(
         cfg=cfg,
         validated=validated,
@@ -92,6 +109,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         trained=trained,
         fp32=fp32,
         int8=int8,
+        exported=exported,
+        served=served,
         judgment=judgment,
         runs=ran,
         data_runs=data_ran,

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import multiprocessing
 import os
@@ -38,6 +37,7 @@ from flytekitplugins.kfpytorch.task import (
 
 from flyscale import settings
 from flyscale.cluster import exit_codes, resources
+from flyscale.config import TrainConfig
 from flyscale.errors import UserError, verbose
 
 log = logging.getLogger(__name__)
@@ -94,22 +94,47 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
             transient_faults_retryable(),
             worker_errors_said_plainly(),
         ):
-            if self.max_nodes > 1 and not in_pytorchjob():  # a range "1:4" too: no peers will come
+            if in_pytorchjob():
+                return super().execute(**kwargs)
+            nproc = local_workers(kwargs.get("cfg"), self.task_config.nproc_per_node)
+            if self.max_nodes > 1:  # a range "1:4" too: no peers will come
                 log.warning(
                     "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
                     self.task_config.nnodes,
-                    self.task_config.nproc_per_node,
+                    nproc,
                 )
-                return self._single_node_twin.execute(**kwargs)
-            return super().execute(**kwargs)
+            elif nproc != self.task_config.nproc_per_node:
+                log.info("train.options.mesh asks for %d workers: running %d locally", nproc, nproc)
+            else:
+                return super().execute(**kwargs)
+            return self._single_node_twin(nproc).execute(**kwargs)
 
-    @functools.cached_property
-    def _single_node_twin(self) -> PytorchElasticFunctionTask:
-        """The same function under flytekit's own Elastic plugin, on one node."""
-        config = Elastic(**{f.name: getattr(self.task_config, f.name) for f in dataclasses.fields(Elastic)})
-        return PytorchElasticFunctionTask(
-            task_config=dataclasses.replace(config, nnodes=1), task_function=self.task_function
-        )
+    def _single_node_twin(self, nproc: int) -> PytorchElasticFunctionTask:
+        """The same function under flytekit's own Elastic plugin, on one node of `nproc` workers
+        (made once per worker count)."""
+        twins = self.__dict__.setdefault("_twins", {})
+        if nproc not in twins:
+            config = Elastic(**{f.name: getattr(self.task_config, f.name) for f in dataclasses.fields(Elastic)})
+            one_node = dataclasses.replace(
+                config, nnodes=1, nproc_per_node=nproc, start_method=worker_start_method(nproc)
+            )
+            twins[nproc] = PytorchElasticFunctionTask(task_config=one_node, task_function=self.task_function)
+        return twins[nproc]
+
+
+def local_execution() -> bool:
+    """True in a local run (`pyflyte run` without --remote); False in a task's pod."""
+    from flytekit import FlyteContextManager
+
+    state = FlyteContextManager.current_context().execution_state
+    return state is None or state.is_local_execution()
+
+
+def local_workers(cfg: object, registered: int) -> int:
+    """How many worker processes a local run starts: the number a training config fixes (a hybrid
+    mesh), else the launcher's processes per node."""
+    fixed = cfg.workers() if isinstance(cfg, TrainConfig) else None
+    return fixed or registered
 
 
 @dataclass
@@ -232,11 +257,15 @@ def node_range() -> tuple[int, int]:
     return fewest, most
 
 
-def planned_world_size() -> int:
+def planned_world_size(cfg: TrainConfig | None = None, local: bool = False) -> int:
     """How many worker processes the configured launcher trains with on a cluster (a classic
-    PyTorchJob: one a pod; elastic: nodes times processes per node, the most of a range)."""
+    PyTorchJob: one a pod; elastic: nodes times processes per node, the most of a range), or in
+    a `local` run (one node: as many as `cfg` fixes, else the processes per node)."""
+    nproc = settings.NPROC_PER_NODE.integer(1)
+    if local:
+        return 1 if settings.LAUNCHER.get() == "pytorch" else local_workers(cfg, nproc)
     nnodes = node_range()[1]
-    return nnodes if settings.LAUNCHER.get() == "pytorch" else nnodes * settings.NPROC_PER_NODE.integer(1)
+    return nnodes if settings.LAUNCHER.get() == "pytorch" else nnodes * nproc
 
 
 def launcher_environment() -> dict[str, str]:

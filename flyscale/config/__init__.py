@@ -11,7 +11,7 @@ Importing it loads neither torch nor pandas.
 
 from flyscale.config.flatten import effective, flatten
 from flyscale.config.pipeline import PipelineConfig
-from flyscale.config.publishing import GateConfig, GatesConfig, MlflowConfig, QuantizeConfig
+from flyscale.config.publishing import GateConfig, GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
@@ -37,6 +37,7 @@ __all__ = [
     "PreflightConfig",
     "QuantizeConfig",
     "RecoveryConfig",
+    "ServingConfig",
     "TokenizeConfig",
     "TrainConfig",
     "effective",

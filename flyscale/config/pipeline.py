@@ -16,7 +16,7 @@ from typing import Any
 from flyscale.config import presets
 from flyscale.config.base import Section, decode, section
 from flyscale.config.plugins import PluginSection
-from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig
+from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
@@ -46,6 +46,7 @@ class PipelineConfig(Section):
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     gate: GatesConfig = field(default_factory=GatesConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
     @classmethod
@@ -99,6 +100,19 @@ class PipelineConfig(Section):
         for gate in self.gate.gates:
             reads = getattr(gate.plugin.plugin, "reads", None)
             for metric in reads(gate.plugin.options) if reads is not None else ():
+                if fnmatch.fnmatchcase(metric, SERVED):
+                    if not self.serving.loadtest:
+                        raise ValueError(
+                            f"gate {gate.name!r} reads {metric!r}, which only the load test of the served model "
+                            f"records: set serving.loadtest: true (and serving.levels to include the concurrency read)"
+                        )
+                    clients = int(metric.split("_")[1].removeprefix("c"))
+                    if clients not in self.serving.levels:
+                        raise ValueError(
+                            f"gate {gate.name!r} reads {metric!r}, but serving.levels {self.serving.levels} does not "
+                            f"load-test {clients} clients: add it, or read one of those levels"
+                        )
+                    continue
                 if not any(fnmatch.fnmatchcase(metric, p) for p in known):
                     raise ValueError(
                         f"gate {gate.name!r} reads {metric!r}, which objective {self.objective.name!r} does not "
@@ -109,6 +123,10 @@ class PipelineConfig(Section):
                         f"language model's: gate: [{{name: min_metric, options: {{metric: perplexity, threshold: 8}}}}, "
                         f"{{name: quantization, options: {{max_worse: {{perplexity: 0.1}}}}}}])"
                     )
+
+
+# What the load test of the served model records (serving.loadtest): served_c<clients>_latency_p99_ms, ...
+SERVED = "served_c*"
 
 
 # What every run records beside the objective's own metrics (flyscale/evaluate: the test metrics,
@@ -123,4 +141,4 @@ def measured(objective: Any) -> list[str]:
     names = [*ups, *ALWAYS_MEASURED]
     classifier = "accuracy" in ups
     costs = ["int8_accuracy_drop"] if classifier else [f"int8_{cost_name(m, up)}" for m, up in costed(ups).items()]
-    return [*names, *(f"int8_{n}" for n in names), *costs, "int8_speedup_b*", "int8_size_ratio"]
+    return [*names, *(f"int8_{n}" for n in names), *costs, "int8_speedup_b*", "int8_size_ratio", "onnx_max_abs_diff"]

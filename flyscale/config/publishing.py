@@ -101,3 +101,32 @@ class MlflowConfig(Section):
         if self.retries < 0:
             raise ValueError(f"mlflow.retries must be >= 0, got {self.retries}")
         positive(self, "retry_backoff_s", "request_timeout_s", "lock_timeout_s", "lock_stale_s")
+
+
+SERVING_SETUPS = ("mlflow", "mlserver", "mlserver-batching")
+
+
+@section
+class ServingConfig(Section):
+    """The served-model check: the candidate, as it would be registered, served on loopback and
+    load-tested before the gates, which may then bound what it measured (the `served` gate)."""
+
+    _section = "serving"
+    loadtest: bool = False
+    # The server (flyscale/serving/study.py): mlflow (no batching), mlserver (batching off) or
+    # mlserver-batching.
+    setup: str = "mlserver-batching"
+    levels: list = field(default_factory=lambda: [1, 4, 16, 64])  # concurrent clients, one level each
+    requests: int = 200  # a level
+    max_batch_size: int = 32
+    max_delay_ms: float = 5.0
+    envs: str = "~/.cache/flyscale/serving"  # where the server's environment is built (uv), once
+
+    def __post_init__(self):
+        if self.setup not in SERVING_SETUPS:
+            raise ValueError(f"serving.setup must be one of {list(SERVING_SETUPS)}, got {self.setup!r}")
+        if not self.levels or any(not isinstance(c, int) or c < 1 for c in self.levels):
+            raise ValueError(f"serving.levels must be concurrencies >= 1, got {self.levels}")
+        positive(self, "requests", "max_batch_size")
+        if self.max_delay_ms < 0:
+            raise ValueError(f"serving.max_delay_ms must be >= 0, got {self.max_delay_ms}")

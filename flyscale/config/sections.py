@@ -194,6 +194,12 @@ class TrainConfig(PluginSection):
         if self.persistent_workers and self.num_workers == 0:
             raise ValueError("train.persistent_workers needs train.num_workers > 0")
 
+    def workers(self) -> int | None:
+        """The number of workers this config asks for, where its strategy fixes one (hybrid's
+        mesh, `workers(options)`); None where the launcher decides."""
+        method = getattr(self.plugin.plugin, "workers", None)
+        return method(self.plugin.options) if method is not None else None
+
 
 @section
 class RecoveryConfig(Section):
@@ -206,6 +212,9 @@ class RecoveryConfig(Section):
     checkpoint_every_steps: int = 0  # a checkpoint every N optimizer steps; 0 = by time only
     checkpoint_every_minutes: float = 5.0  # and one every M minutes of training; 0 = by steps only
     keep_checkpoints: int = 2  # the newest K are kept in the restart directory
+    # DCP writes the tensors from a background thread while training goes on (a copy in host
+    # memory meanwhile); false: training waits for each checkpoint to be written.
+    async_checkpoints: bool = True
     # The local restart directory; checkpoints go in a folder per run under it. "" = ~/.flyscale/checkpoints.
     # On a multi-node cluster make it a volume every node mounts.
     checkpoint_dir: str = ""

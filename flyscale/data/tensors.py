@@ -18,11 +18,13 @@ log = logging.getLogger(__name__)
 
 
 def batches(split: Shards, info: DatasetInfo) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A split a row group at a time, as (inputs, labels) tensors: memory holds one row group."""
+    """A split a row group at a time, as (inputs, labels) tensors: memory holds one row group.
+    A shard that holds none of this split's rows yields nothing (not an empty batch)."""
     reader = fields.reader(info)
     for unit in shards.units(split.dir.download()):
         x, y = read_unit(unit, reader)
-        yield torch.from_numpy(x), torch.from_numpy(y)
+        if len(x):
+            yield torch.from_numpy(x), torch.from_numpy(y)
 
 
 CALIBRATION_ROWS = 512  # of the training split: what a calibrating quantizer sees of the data

@@ -84,6 +84,7 @@ LOWER_IS_BETTER = (
     "size_bytes",
     "latency_*",
     "*error",
+    "*abs_diff",
     "perplexity",
     "bits_per_*",
     "mae",

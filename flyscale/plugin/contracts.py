@@ -149,6 +149,10 @@ class DatasetPlugin(Protocol):
     `shards(options)`: the names of the pieces the data comes in (files, objects, tar shards), in
     a stable order; flyscale prepares them as a Flyte map task, a pod each on a cluster, and
     combines what they found. A dataset without `shards` is one piece, and `shard` is "".
+
+    Optional `parts(options)` and `part(options, name)`: the pieces (files) a dataset of rows
+    comes in, and every column of one piece as frames with the origin columns (no label needed).
+    `batch_predict` scores a dataset a piece at a time, a Flyte map task each.
     flyscale validates each field, quarantines bad examples with their origin and reason,
     de-duplicates across shards and splits by origin, however large the data.
     """
@@ -189,6 +193,10 @@ class StrategyPlugin(Protocol):
     Optional method `check(model, cfg, options, world_size)`: raise ValueError, naming the layer
     or setting and the way out, for a model (built on the meta device) or a config this strategy
     cannot train at that world size. It runs before any data is read.
+    Optional method `replicas(options, world_size)`: how many data-parallel replicas share the
+    global batch, where that is neither every worker nor one (hybrid: the mesh's dp).
+    Optional method `workers(options)`: the number of workers these options fix (hybrid's mesh),
+    or None; a local run starts that many.
     """
 
     # data: flyscale.api.TrainData, cfg: TrainConfig, ctx: DistContext, hooks: Hooks; returns a
@@ -206,6 +214,11 @@ class QuantizerPlugin(Protocol):
     as every model receives them. Its output's architecture must depend on the model alone, not
     on the calibration values: to load saved int8 weights, flyscale rebuilds the architecture by
     calibrating on a synthetic batch, and the state_dict brings back the real scales.
+
+    Optional attribute `works_on` (default "torch"): "onnx" for a quantizer of the exported
+    model. Then `model` is the fp32 ONNX file's Path, `quantize` returns the int8 ONNX file's
+    Path, and `calibration` is a list of numpy batches of the ONNX model's input. The int8 model
+    is then served as the fp32 one is, by ONNX Runtime alone.
     """
 
     def quantize(self, model: nn.Module, options: Any) -> nn.Module: ...
@@ -273,6 +286,11 @@ class ObjectivePlugin(Protocol):
     registered model returns for an input (MLflow pyfunc's `predict`, `params` its inference
     params) and (an input example, default params or None), which its signature is inferred
     from. Without them the served model takes float32 inputs and returns the raw outputs.
+    Optional `serving(context)`: how the registered model answers without flyscale, from its ONNX
+    export (flyscale/export/served.py): {"output": "probabilities"}, {"output": "values",
+    "scalar": bool}, or {"output": "text", "window": int, "max_new_tokens": int, "temperature":
+    float}. An objective with its own `predict` and no `serving` is registered as a PyTorch model
+    that needs flyscale and its plugin to load (a warning says so).
     `labelled` (default True): the dataset must have a label; a language model needs none.
     `real_valued` (default False): the label must be a float field (a regression target), not a
     class id; the reader then reads it as float32.
@@ -306,6 +324,8 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "chunks": ["options"],
         "examples": ["options", "shard"],
         "shards": ["options"],
+        "parts": ["options"],
+        "part": ["options", "name"],
     },
     "strategies": {"check": ["model", "cfg", "options", "world_size"]},
     "gates": {"reads": ["options"]},
@@ -315,6 +335,7 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "with_options": ["options"],
         "predict": ["model", "model_input", "params", "context"],
         "example": ["context"],
+        "serving": ["context"],
     },
 }
 
@@ -330,7 +351,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
     "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False, "reshards": False},
-    "quantizers": {"options_type": None, "calibrates": False},
+    "quantizers": {"options_type": None, "calibrates": False, "works_on": "torch"},
     "gates": {"options_type": None},
     "objectives": {
         "options_type": None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flyscale.data.source import DataFingerprint
 from flyscale.data.tokenize import TokenStats
@@ -59,6 +59,8 @@ class RunSummary:
     resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
     diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
     tokens: TokenStats | None = None  # text: the tokenizer, the token counts and the unigram baseline
+    onnx: str = ""  # how the ONNX export answered the test split against PyTorch ("" = not exported)
+    served: list[str] = field(default_factory=list)  # the load test of the served model, a line a level
 
     @classmethod
     def of(cls, candidate: Candidate, registration: Registration) -> RunSummary:
@@ -77,6 +79,12 @@ class RunSummary:
             resumed=resumed(c.history),
             diagnosis=c.history.diagnosis,
             tokens=c.tokens,
+            onnx=c.onnx_parity,
+            served=[
+                f"{c.served_setup}, {r['concurrency']:>2} clients: p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms  "
+                f"{r['throughput']:.0f} req/s  {r['errors']} of {r['requests']} failed"
+                for r in c.served_levels
+            ],
         )
 
     def _models(self) -> list[str]:
@@ -130,6 +138,15 @@ class RunSummary:
             f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
             *(self.tokens.lines() if self.tokens is not None else []),
             *self._models(),
+            *(
+                [
+                    f"  onnx        {self.onnx}"
+                    + ("" if self.onnx.startswith("not exported") else ": artifact onnx/model.onnx")
+                ]
+                if self.onnx
+                else []
+            ),
+            *[f"  served      {line}" for line in self.served],
         ]
         if self.resumed:
             lines.append(f"  training    {self.resumed}")

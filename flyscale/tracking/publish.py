@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from flyscale.config import MlflowConfig
 from flyscale.tracking import champion
 from flyscale.tracking.champion import Promotion
+from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.reference import _version_of
 from flyscale.tracking.run_log import ModelFiles, RunRecord, continued_run, log_model, log_run
 from flyscale.tracking.store import (
@@ -74,15 +75,19 @@ def publish(
     cfg: MlflowConfig,
     name: str,
     register: bool,
+    describe: Describer | None = None,
 ) -> Registration:
     """Log the run and both models; when `register` (every gate passed), register them (once per
     weights) and move the alias by compare-and-set, or set the challenger alias for a person to
-    promote. A failed candidate is logged, with its models, and registered as no version."""
+    promote. A failed candidate is logged, with its models, and registered as no version.
+    `describe` writes the registry page's descriptions of the versions added and their models."""
     with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
-        return _publish(record, fp32, int8, cfg, name, register)
+        return _publish(record, fp32, int8, cfg, name, register, describe)
 
 
-def _publish(record, fp32: ModelFiles, int8: ModelFiles, cfg: MlflowConfig, name: str, register: bool) -> Registration:
+def _publish(
+    record, fp32: ModelFiles, int8: ModelFiles, cfg: MlflowConfig, name: str, register: bool, describe
+) -> Registration:
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
@@ -168,8 +173,13 @@ def _publish(record, fp32: ModelFiles, int8: ModelFiles, cfg: MlflowConfig, name
             mlflow.set_tag("flyscale.promotion", promotion.reason)
             for model_name, version in created:
                 client.set_model_version_tag(model_name, version, "flyscale.promotion", promotion.reason)
+            if describe is not None:  # what a person reads on the registry page
+                for model_name, version in created:
+                    client.update_model_version(model_name, version, description=describe.version(model_name, version))
+                for model_name in {m for m, _ in registered}:
+                    client.update_registered_model(model_name, description=describe.model(model_name))
         except MlflowException as exc:
-            log.warning("could not record the promotion reason on the run: %s", exc)
+            log.warning("could not record the promotion reason and the descriptions: %s", exc)
     if not promotion.moved:
         log.warning("%r alias not moved: %s", cfg.alias, promotion.reason)
     versions = dict(registered)

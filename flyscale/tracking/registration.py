@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyscale import settings
-from flyscale.config import PipelineConfig, effective, flatten
+from flyscale.config import PipelineConfig, QuantizeConfig, effective, flatten
 from flyscale.data.reference import Profile, reference_json
 from flyscale.data.source import DataFingerprint
 from flyscale.data.tokenize import TokenStats
@@ -23,6 +23,7 @@ from flyscale.flyte.provenance import CacheReport, TaskRun, execution_id
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.tracking import publish as tracking
 from flyscale.tracking import run_log
+from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.model_spec import spec_json
 from flyscale.tracking.publish import Registration
 from flyscale.tracking.store import run_name
@@ -74,7 +75,7 @@ class Candidate:
     fp32: EvalMetrics
     test_sha256: str
     judgment: Judgment
-    int8_weights_path: str
+    int8_weights_path: str  # the int8 ONNX file (int8_format "onnx"), or a torch quantizer's state_dict
     int8: EvalMetrics
     comparison: Comparison
     plots_dir: str
@@ -82,18 +83,36 @@ class Candidate:
     started: TaskRun  # the execution's first stamp
     tokens: TokenStats | None = None  # text: how the documents became token sequences
     tokenizer_json: str = ""  # text: the tokenizer the served model carries
+    onnx_path: str = ""  # the fp32 model as ONNX (flyscale/export/onnx.py)
+    program_path: str = ""  # or a torch.export program, for a model ONNX cannot take
+    onnx_sha256: str = ""
+    onnx_parity: str = ""  # how the export answered the test split against PyTorch
+    int8_format: str = "torch"
+    int8_quantizer: str = ""  # the quantizer that made the int8 model, when not the configured one
+    onnx_max_abs_diff: float = 0.0
+    served_setup: str = ""  # the load test's server ("" = not load-tested)
+    served_levels: list[dict] = field(default_factory=list)  # a row per concurrency level
+    served_metrics: dict[str, float] = field(default_factory=dict)  # served_c<k>_latency_p99_ms, ...
+    served_plots_dir: str = ""
 
 
 def register(candidate: Candidate, publish: bool) -> Registration:
     """Log the run to MLflow with both models; when `publish` (every gate passed) register them
     and move the alias if the champion is still the one the verdicts were judged against."""
     c, cfg = candidate, candidate.cfg
-    fp32 = run_log.ModelFiles(c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json)
-    int8 = run_log.ModelFiles(
-        c.int8_weights_path, spec_json(cfg.model, c.info, cfg.quantize, cfg.objective), c.tokenizer_json
+    fp32 = run_log.ModelFiles(
+        c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, c.program_path
+    )
+    quantizer = cfg.quantize if c.int8_quantizer in ("", cfg.quantize.name) else QuantizeConfig(name=c.int8_quantizer)
+    int8_spec = spec_json(cfg.model, c.info, quantizer, cfg.objective)
+    int8 = (  # an ONNX quantizer's int8 file is served alone; the fp32 weights ride along to fine-tune
+        run_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path)
+        if c.int8_format == "onnx"
+        else run_log.ModelFiles(c.int8_weights_path, int8_spec, c.tokenizer_json)
     )
     name = run_name(cfg.model.name, c.history.strategy, c.history.world_size, c.fingerprint.value, c.started.started_at)
-    return tracking.publish(run_record(c), fp32, int8, cfg.mlflow, name, register=publish)
+    record = run_record(c)
+    return tracking.publish(record, fp32, int8, cfg.mlflow, name, register=publish, describe=Describer(record, cfg))
 
 
 def run_record(c: Candidate) -> run_log.RunRecord:
@@ -142,13 +161,28 @@ def run_record(c: Candidate) -> run_log.RunRecord:
             "flyscale.git_commit": git_commit(),
             "flyscale.flyte_execution": execution_id(),
             "flyscale.image": settings.IMAGE.get() or "unset",
+            **({"flyscale.onnx_sha256": c.onnx_sha256} if c.onnx_sha256 else {}),
         },
         test_sha256=c.test_sha256,
-        metrics={f"test_{k}": v for k, v in comparison.scalars().items()},
+        metrics={
+            **{f"test_{k}": v for k, v in comparison.scalars().items()},
+            **({"onnx_max_abs_diff": c.onnx_max_abs_diff} if c.onnx_path else {}),
+            **c.served_metrics,
+        },
         plots_dir=c.plots_dir,
-        tables={"latency.json": [*comparison.fp32_latency.table(), *comparison.int8_latency.table()]},
+        tables={
+            "latency.json": [*comparison.fp32_latency.table(), *comparison.int8_latency.table()],
+            **(
+                {"loadtest/levels.json": [{"setup": c.served_setup, **r} for r in c.served_levels]}
+                if c.served_levels
+                else {}
+            ),
+        },
+        artifact_dirs={"loadtest": c.served_plots_dir} if c.served_plots_dir else {},
         started_at=started.started_at,
         datasets=logged_datasets(cfg, info, fingerprint.value),
+        onnx_path=c.onnx_path,
+        onnx_parity=c.onnx_parity,
     )
 
 

@@ -56,8 +56,11 @@ class RunRecord:
         ""  # the run's figures as PNGs (flyscale/render/plots.py draw_run), logged under plots/ as they are
     )
     tables: dict[str, list[dict]] = field(default_factory=dict)  # {artifact file: rows}, for mlflow.log_table
+    artifact_dirs: dict[str, str] = field(default_factory=dict)  # {artifact path: local folder}, logged as they are
     started_at: float = 0.0  # when the execution started (the run's start time)
     datasets: list[LoggedDataset] = field(default_factory=list)  # what the run trained and was tested on
+    onnx_path: str = ""  # the fp32 model as ONNX, logged as onnx/model.onnx
+    onnx_parity: str = ""  # how it answered the test split against the PyTorch model
 
 
 @dataclass
@@ -194,9 +197,15 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     if record.fp32.samples:
         prompt, continuation = next(iter(record.fp32.samples.items()))
         mlflow.set_tag("flyscale.sample", (prompt + continuation)[:250])
+    if record.onnx_path:  # servable without flyscale or torch: onnxruntime and numpy
+        mlflow.log_artifact(record.onnx_path, artifact_path="onnx")
+    if record.onnx_parity:  # how the export answered, or why there is none
+        mlflow.set_tag("flyscale.onnx_parity", record.onnx_parity[:5000])
     if record.plots_dir:
         # The files the quantize task drew (and showed in its Deck): logged, not drawn again.
         mlflow.log_artifacts(record.plots_dir, artifact_path="plots")
+    for artifact_path, folder in record.artifact_dirs.items():
+        mlflow.log_artifacts(folder, artifact_path=artifact_path)
     if record.tables:
         import pandas as pd
 
@@ -219,6 +228,10 @@ class ModelFiles:
     weights_path: str
     spec_json: str  # flyscale/tracking/model_spec.py
     tokenizer_json: str = ""
+    # The model as ONNX: registered to be served by ONNX Runtime alone (flyscale/export/served.py)
+    # where its objective says how; "" (or an objective that cannot say) keeps the PyTorch model.
+    onnx_path: str = ""
+    program_path: str = ""  # or, for a model ONNX cannot take, a torch.export program (.pt2)
 
 
 def log_model(files: ModelFiles, name: str, tmp: str):
@@ -230,12 +243,19 @@ def log_model(files: ModelFiles, name: str, tmp: str):
 
 
 def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
-    """What mlflow.pyfunc's log_model or save_model takes for a pickle-free flyscale model:
-    flyscale/tracking/model_code.py as its code, weights, spec and tokenizer as artifacts (written
-    under `tmp`), and the signature, input example and inference params its objective gives
-    (flyscale/tracking/serving.py)."""
+    """What mlflow.pyfunc's log_model or save_model takes for a pickle-free flyscale model (files
+    written under `tmp`), with the signature, input example and inference params its objective
+    gives (flyscale/tracking/serving.py).
+
+    With an ONNX file, and an objective that says how it serves: flyscale/export/served.py as the
+    code and ONNX Runtime, numpy (and a BPE's tokenizers) as its only requirements; the weights
+    and spec ride along for fine-tuning. Otherwise flyscale/tracking/model_code.py, which needs
+    torch, flyscale and the model's plugin."""
     from mlflow.models import infer_signature
 
+    from flyscale.data.fields import model_input_shape
+    from flyscale.export import onnx as onnx_export
+    from flyscale.export import served
     from flyscale.tracking import model_code as mlflow_model
     from flyscale.tracking import serving
     from flyscale.tracking.model_spec import build, objective_of
@@ -250,11 +270,40 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     spec = json.loads(files.spec_json)
     objective, context = objective_of(spec, files.tokenizer_json)
     example, params = serving.example(objective, context)
-    answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
+    exported = files.onnx_path or files.program_path
+    how = onnx_export.serving(objective, context) if exported else None
+    if how is not None:
+        field = context.info.input()
+        tokens = field is not None and not field.dtype.startswith("float") and field.dtype != "uint8"
+        how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
+        serving_file = Path(tmp) / f"{name}_serving.json"
+        serving_file.write_text(json.dumps(how, sort_keys=True))
+        artifacts.update({"onnx" if files.onnx_path else "program": exported, "serving": str(serving_file)})
+        answer = served.Served(exported, how, files.tokenizer_json).predict(example, params)
+        code = served.__file__
+        requirements = _onnx_requirements(bool(files.tokenizer_json), program=not files.onnx_path)
+    else:
+        if files.onnx_path:
+            log.warning(
+                "%s: the objective %r has its own predict() and no serving(), so the registered model is "
+                "the PyTorch one, which needs flyscale and the objective's plugin to load",
+                name,
+                spec.get("objective", {}).get("name"),
+            )
+        answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
+        code, requirements = mlflow_model.__file__, _pip_requirements(bool(files.tokenizer_json))
     return {
-        "python_model": mlflow_model.__file__,
+        "python_model": code,
         "artifacts": artifacts,
         "signature": infer_signature(example, answer, params),
         "input_example": (example, params) if params else example,
-        "pip_requirements": _pip_requirements(bool(files.tokenizer_json)),
+        "pip_requirements": requirements,
     }
+
+
+def _onnx_requirements(tokenizer: bool = False, program: bool = False) -> list[str]:
+    """What the served model imports (flyscale/export/served.py), pinned to what it was checked
+    with: onnxruntime for an ONNX file, torch for a torch.export program."""
+    runtime = f"torch=={torch.__version__.split('+')[0]}" if program else f"onnxruntime=={_version('onnxruntime')}"
+    named = [f"mlflow=={_version('mlflow')}", runtime, f"numpy=={_version('numpy')}"]
+    return [*named, f"tokenizers=={_version('tokenizers')}"] if tokenizer else named

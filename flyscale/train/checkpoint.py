@@ -34,14 +34,13 @@ files, their manifest and their checks are in `checkpoint_files`; here, who writ
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +70,15 @@ from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_r
 log = logging.getLogger(__name__)
 
 STATE = "state"  # the DCP directory of model and optimizer state
+
+# DCP warns on every save and load without a process group that it assumes one process (even
+# when told so, and from the thread an asynchronous save writes in): for a run of one worker
+# that is the normal case, not news. Only that message, only from DCP.
+warnings.filterwarnings(
+    "ignore",
+    message="torch.distributed is disabled, unavailable or uninitialized",
+    module="torch.distributed.checkpoint",
+)
 
 
 class Mirror(Protocol):
@@ -103,15 +111,21 @@ class Checkpointer:
         check_every: int = 16,
         global_batch: int = 0,
         grad_accum_steps: int = 1,
+        asynchronous: bool = False,
     ):
         self.root, self.every_steps, self.every_seconds = Path(root), every_steps, every_minutes * 60
         self.keep, self.resume, self.mirror, self.check_every = keep, resume, mirror, check_every
         self.resume_from = resume_from
         # Recorded in the manifest: what a run resumed on another number of workers must keep.
         self.global_batch, self.grad_accum_steps = global_batch, grad_accum_steps
+        # Asynchronous: DCP copies the tensors to host memory and writes them from a thread while
+        # training goes on; the checkpoint is committed (manifest, rename) once they are written.
+        self.asynchronous = asynchronous
+        self._pending: _Pending | None = None
+        self._group: Any = None  # the process group of background writes, made at the first
         self._last_save = time.monotonic()
         self.saved: list[int] = []  # steps this process checkpointed
-        self.seconds_saving = 0.0  # wall time spent writing, on this rank
+        self.seconds_saving = 0.0  # wall time training waited on checkpoints, on this rank
 
     # -- saving -------------------------------------------------------------------------------
 
@@ -129,7 +143,13 @@ class Checkpointer:
         return ctx.all_reduce_sum([float(late)])[0] > 0
 
     def save(self, state: TrainState, position: Position, ctx: DistContext, strategy: str) -> Path:
-        """Write checkpoint `position.step` from every rank; returns its directory."""
+        """Write checkpoint `position.step` from every rank; returns its directory.
+
+        Asynchronous, it returns once the tensors are copied to host memory, and the checkpoint
+        is committed when `wait` is called: by the next save, and by `fit` as training ends. A
+        worker that dies before then loses that one; the one before it stands.
+        """
+        self.wait()  # one save in flight at a time: the last one committed first (wait counts its own time)
         start = time.perf_counter()
         final = step_dir(self.root, position.step)
         partial = final.with_name(final.name + PARTIAL)
@@ -137,45 +157,80 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # a save cut short by an earlier crash
             partial.mkdir(parents=True)
         ctx.barrier()
-        # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
-        # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
-        with _single_process_quiet():
-            dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
         rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
         files = {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
         everyone = ctx.all_gather_object(files)  # also: every rank has written its files
-        if ctx.is_main:
-            everyone.append(
+        manifest = {
+            "format": FORMAT,
+            "step": position.step,
+            "epoch": position.epoch,
+            "batch": position.batch,
+            "world_size": ctx.world_size,
+            "strategy": strategy,
+            "global_batch": self.global_batch,
+            "grad_accum_steps": self.grad_accum_steps,
+            "files": {k: v for part in everyone for k, v in part.items()},
+        }
+        # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
+        # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
+        written = None
+        if self.asynchronous:
+            written = dcp.async_save(
+                state.sharded_state(),
+                checkpoint_id=partial / STATE,
+                process_group=self._writer_group(ctx),
+                no_dist=not ctx.distributed,
+            )
+        else:
+            dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
+        self._pending = _Pending(written, partial, final, manifest, ctx.is_main)
+        if not self.asynchronous:
+            self.wait()
+        self._last_save = time.monotonic()
+        self.saved.append(position.step)
+        self.seconds_saving += time.perf_counter() - start
+        return final
+
+    def wait(self) -> Path | None:
+        """Wait for the save in flight (if any) to be written, and commit it: rank 0 writes the
+        manifest, renames the directory into place, prunes and mirrors. Its directory, or None."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        start = time.perf_counter()
+        if pending.written is not None:
+            # Rank 0's save ends with DCP's metadata, written after every rank reported its files.
+            pending.written.result()
+        if pending.main:
+            partial = pending.partial
+            pending.manifest["files"].update(
                 {
                     f"{STATE}/{f.name}": {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
                     for f in sorted((partial / STATE).iterdir())
                 }
             )
-            manifest = {
-                "format": FORMAT,
-                "step": position.step,
-                "epoch": position.epoch,
-                "batch": position.batch,
-                "world_size": ctx.world_size,
-                "strategy": strategy,
-                "global_batch": self.global_batch,
-                "grad_accum_steps": self.grad_accum_steps,
-                "written_at": time.time(),
-                "files": {k: v for part in everyone for k, v in part.items()},
-            }
+            pending.manifest["written_at"] = time.time()
             tmp = partial / (MANIFEST + ".tmp")
-            tmp.write_text(json.dumps(manifest, indent=1))
+            tmp.write_text(json.dumps(pending.manifest, indent=1))
             os.replace(tmp, partial / MANIFEST)
-            if final.exists():  # the same step saved before a restart: replace it whole
-                shutil.rmtree(final)
-            os.rename(partial, final)
+            if pending.final.exists():  # the same step saved before a restart: replace it whole
+                shutil.rmtree(pending.final)
+            os.rename(partial, pending.final)
             self._prune()
             if self.mirror is not None:
-                self.mirror.save(final)
-        self._last_save = time.monotonic()
-        self.saved.append(position.step)
-        self.seconds_saving += time.perf_counter() - start
-        return final
+                self.mirror.save(pending.final)
+        if pending.written is not None:
+            self.seconds_saving += time.perf_counter() - start
+        return pending.final
+
+    def _writer_group(self, ctx: DistContext) -> Any:
+        """A gloo group of its own for the background writes: their collectives must not
+        interleave with training's on the default group. None in a single process."""
+        if self._group is None and ctx.distributed:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
 
     def discard(self) -> None:
         """Delete this run's restart directory: training finished, nothing will resume from it."""
@@ -248,8 +303,7 @@ class Checkpointer:
         _same_model(path, state)
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
         held = state.sharded_state()
-        with _single_process_quiet():
-            dcp.load(held, checkpoint_id=path / STATE)
+        dcp.load(held, checkpoint_id=path / STATE)
         state.load_sharded_state(held)
         state.load_schedule_state(mine["schedule"])
         position = Position(**mine["position"])
@@ -295,13 +349,15 @@ class Checkpointer:
             self._rng_after_skip = None
 
 
-@contextlib.contextmanager
-def _single_process_quiet() -> Iterator[None]:
-    """DCP warns on every save and load without a process group that it assumes one process:
-    for a run of one worker that is the normal case, not news."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
+@dataclass
+class _Pending:
+    """A save whose tensors may still be being written (`written`: DCP's future, None when done)."""
+
+    written: Any
+    partial: Path
+    final: Path
+    manifest: dict[str, Any]
+    main: bool
 
 
 def _same_model(path: Path, state: TrainState) -> None:

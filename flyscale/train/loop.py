@@ -22,6 +22,7 @@ from flyscale.train.state import Position, TrainState
 from flyscale.train.step import StepFn
 from flyscale.train.telemetry import (
     EpochMetrics,
+    InFlight,
     TrainHistory,
     diagnose,
     epoch_metrics,
@@ -168,8 +169,9 @@ def fit(
 ) -> TrainHistory:
     """Run `cfg.epochs` epochs of `step` over `loader`, evaluating after each.
 
-    `grad_comm_seconds`, if given, returns the seconds gradient all-reduces have been in flight
-    so far (the ddp strategy's timed comm hook provides one). `state` (this rank's model part,
+    `grad_comm_seconds`, if given, returns the seconds the strategy's collectives have been in
+    flight so far (ddp's gradient all-reduces, fsdp's all-gathers and reduce-scatters); an
+    `InFlight` clock also names them, and the knobs, for the communication-bound diagnosis. `state` (this rank's model part,
     optimizer, scheduler, scaler) lets `hooks.checkpointer` save and resume it; a strategy that
     gives none trains without checkpoints. `hooks` are the training task's, as the strategy got them.
     """
@@ -260,7 +262,8 @@ def fit(
                         ", ".join(f"{mb:.2f}" for mb in history.state_mb),
                     )
             history.epochs.append(m)
-            history.diagnosis = diagnose(m, cfg, ctx.world_size) or history.diagnosis
+            clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
+            history.diagnosis = diagnose(m, cfg, ctx.world_size, clock) or history.diagnosis
             if bar is not None:
                 bar.end_epoch(m.samples_per_s)
             if ctx.is_main:
@@ -280,6 +283,7 @@ def fit(
                 )
     history.steps, history.steps_run = done[0], done[0] - position.step
     if ckpt is not None:
+        ckpt.wait()  # the last asynchronous save committed before the model is handed on
         history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
     if history.diagnosis and ctx.is_main:
         log.warning("%s", history.diagnosis)

@@ -43,6 +43,7 @@ from flyscale.train.distributed import DistContext
 from flyscale.train.evaluator import evaluate_split
 from flyscale.train.loop import fit
 from flyscale.train.step import make_optimizer, make_scheduler, standard_step
+from flyscale.train.strategies import replicas
 from flyscale.train.telemetry import TrainHistory, data_parallel_knobs
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def rel_diff(a: float, b: float) -> float:
 
 def global_batch(strategy: Any, cfg: TrainConfig, world_size: int) -> int:
     """Rows per optimizer step across the job, by the strategy's own batch semantics."""
-    return cfg.batch_size * world_size if getattr(strategy, "per_worker_batch", True) else cfg.batch_size
+    return cfg.batch_size * replicas(strategy, cfg.plugin.options, world_size)
 
 
 def without_dropout(model: nn.Module) -> nn.Module:

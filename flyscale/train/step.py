@@ -122,13 +122,16 @@ def standard_step(
     scheduler=None,
     no_sync: Callable[[], AbstractContextManager] | None = None,
     objective: Any = None,
+    clip: Callable[[float], None] | None = None,
 ) -> StandardStep:
     """Forward, the objective's loss (classification's cross-entropy when None), backward,
     update: the step every data-parallel strategy shares.
 
     With `grad_accum_steps = k` the batch is split into k micro-batches whose gradients add up
     to the whole batch's (each loss is weighted by its share); `no_sync` skips DDP's all-reduce
-    for all but the last, so communication happens once per optimizer step.
+    for all but the last, so communication happens once per optimizer step. `clip(max_norm)`
+    clips the gradients by their global norm where torch's `clip_grad_norm_` cannot see the
+    whole model (parameters spread over several meshes); torch's is the default.
     """
     if cfg.precision == "fp16" and device.type != "cuda":
         raise ValueError("train.precision 'fp16' needs CUDA; use 'bf16' on CPU")
@@ -186,7 +189,10 @@ def standard_step(
         if scaler:
             scaler.unscale_(optimizer)
         if cfg.grad_clip_norm > 0:
-            nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
+            if clip is not None:
+                clip(cfg.grad_clip_norm)
+            else:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip_norm)
         if scaler:
             scaler.step(optimizer)
             scaler.update()

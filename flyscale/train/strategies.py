@@ -16,6 +16,16 @@ def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
     return cfg.plugin.plugin, cfg.plugin.options
 
 
+def replicas(strategy: Any, options: Any, world_size: int) -> int:
+    """How many data-parallel replicas share the global batch of `world_size` workers: the
+    strategy's `replicas(options, world_size)` where it has one (hybrid: the mesh's dp), else every
+    worker (`per_worker_batch`, ddp and fsdp) or one (the pipeline, whose stages see one batch)."""
+    method = getattr(strategy, "replicas", None)
+    if method is not None:
+        return int(method(options, world_size))
+    return world_size if getattr(strategy, "per_worker_batch", True) else 1
+
+
 def wants_meta_model(cfg: TrainConfig) -> bool:
     """Whether the configured strategy takes its model on the meta device (`meta_model = True`)."""
     return bool(cfg.plugin.attribute("meta_model"))

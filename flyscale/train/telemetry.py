@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import logging
 import resource
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,9 +127,43 @@ def data_parallel_knobs(cfg: TrainConfig) -> str:
     )
 
 
-def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1) -> str:
-    """Name the knob to turn when the input pipeline or the gradients' all-reduce, not the
-    model, sets the pace; "" when neither does."""
+class InFlight:
+    """The seconds at least one collective of a kind was in flight: call it for the total so far.
+
+    Collectives overlap one another (DDP launches many small buckets before the first finishes;
+    FSDP prefetches the next unit's all-gather while this one computes), so the clock counts the
+    union of their launch-to-completion intervals, not their sum: it never exceeds the wall time
+    it was measured over. `what` names them and `knobs(cfg)` says what to turn, for the diagnosis.
+    """
+
+    def __init__(self, what: str, knobs: Callable[[TrainConfig], str]):
+        self.what, self.knobs = what, knobs
+        self._lock = threading.Lock()
+        self._in_flight, self._since, self._total = 0, 0.0, 0.0
+
+    def launched(self) -> Callable[[], None]:
+        """Record a collective launched now; call what this returns when it has finished (on any thread)."""
+        with self._lock:
+            if self._in_flight == 0:
+                self._since = time.perf_counter()
+            self._in_flight += 1
+
+        def finished() -> None:
+            with self._lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._total += time.perf_counter() - self._since
+
+        return finished
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._total
+
+
+def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1, comm: InFlight | None = None) -> str:
+    """Name the knob to turn when the input pipeline or communication (`comm`'s collectives;
+    the gradients' all-reduce when None), not the model, sets the pace; "" when neither does."""
     found = []
     if m.data_wait_fraction >= DATA_WAIT_WARNING:
         hint = (
@@ -140,10 +176,10 @@ def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1) -> str:
         )
     if world_size > 1 and m.grad_comm_fraction >= COMM_WARNING:
         found.append(
-            f"communication-bound: gradient all-reduces are in flight {m.grad_comm_fraction:.0%} of each step on "
-            f"{world_size} workers ({m.samples_per_s:,.0f} samples/s), so at this model size and batch one process "
-            f"with the same cores may train faster; preflight.enabled: true measures both and says. Knobs: "
-            f"{data_parallel_knobs(cfg)}"
+            f"communication-bound: {comm.what if comm else 'gradient all-reduces'} are in flight "
+            f"{m.grad_comm_fraction:.0%} of each step on {world_size} workers ({m.samples_per_s:,.0f} samples/s), so "
+            f"at this model size and batch one process with the same cores may train faster; preflight.enabled: true "
+            f"measures both and says. Knobs: {comm.knobs(cfg) if comm else data_parallel_knobs(cfg)}"
         )
     return "; ".join(found)
 

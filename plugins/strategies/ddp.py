@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from flyscale.train.step import (
     make_scheduler,
     standard_step,
 )
+from flyscale.train.telemetry import InFlight, data_parallel_knobs
 
 
 def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> Batches:
@@ -49,38 +48,22 @@ class DDPOptions:
             raise ValueError(f"bucket_cap_mb must be > 0, got {self.bucket_cap_mb}")
 
 
-def timed_allreduce() -> tuple[Callable, Callable[[], float]]:
-    """A DDP comm hook (the default all-reduce) and the seconds at least one bucket was in flight.
-
-    Buckets overlap one another (many small buckets are launched before the first finishes), so
-    the clock counts the union of their launch-to-completion intervals, not their sum: the result
-    never exceeds the wall time it was measured over.
-    """
-    lock = threading.Lock()
-    state = {"in_flight": 0, "since": 0.0, "total": 0.0}
+def timed_allreduce() -> tuple[Callable, InFlight]:
+    """A DDP comm hook (the default all-reduce), and the clock of the seconds at least one bucket
+    was in flight."""
+    clock = InFlight("gradient all-reduces", data_parallel_knobs)
 
     # No annotations: DDP checks them, and under `from __future__ import annotations` they are strings.
     def hook(_state, bucket):
-        with lock:
-            if state["in_flight"] == 0:
-                state["since"] = time.perf_counter()
-            state["in_flight"] += 1
+        finished = clock.launched()
 
         def done(fut):
-            # Runs on the communication thread when this bucket's all-reduce has finished.
-            with lock:
-                state["in_flight"] -= 1
-                if state["in_flight"] == 0:
-                    state["total"] += time.perf_counter() - state["since"]
+            finished()  # on the communication thread, when this bucket's all-reduce has finished
             return fut.value()
 
         return default_hooks.allreduce_hook(None, bucket).then(done)
 
-    def seconds() -> float:
-        with lock:
-            return state["total"]
-
-    return hook, seconds
+    return hook, clock
 
 
 def wrap(

@@ -32,6 +32,7 @@ from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
 from flyscale.train.objective import scored
 from flyscale.train.state import TrainState
 from flyscale.train.step import make_optimizer, make_scheduler, standard_step
+from flyscale.train.telemetry import InFlight
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -51,6 +52,9 @@ class FSDPOptions:
     reduce_dtype: str = "fp32"
     # Shards, gradients and optimizer state live in host memory and stream to the GPU (CUDA only).
     cpu_offload: bool = False
+    # Time every all-gather and reduce-scatter (grad_comm_fraction in MLflow, and the
+    # communication-bound diagnosis); a Python callback per collective.
+    time_comm: bool = True
 
     def __post_init__(self):
         for name in ("param_dtype", "reduce_dtype"):
@@ -144,6 +148,57 @@ def _tensor(model: nn.Module, name: str) -> torch.Tensor:
         return model.get_buffer(name)
 
 
+def timed_collectives(model: nn.Module) -> InFlight:
+    """Time FSDP2's all-gathers and reduce-scatters, run as torch runs them, on every sharded
+    module of `model` (through `set_custom_all_gather` / `set_custom_reduce_scatter`)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    clock = InFlight("parameter all-gathers and gradient reduce-scatters", fsdp_knobs)
+
+    def timed(work, finished: Callable[[], None]):
+        if work is None:  # synchronous: it is done
+            finished()
+        else:  # on the communication thread, when it has finished
+            work.get_future().then(lambda _: finished())
+        return work
+
+    class TimedAllGather(AllGather):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            finished = clock.launched()
+            work = torch.distributed.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+            return timed(work, finished)
+
+    class TimedReduceScatter(ReduceScatter):
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            finished = clock.launched()
+            work = torch.distributed.reduce_scatter_tensor(
+                output_tensor, input_tensor, op=op, group=group, async_op=async_op
+            )
+            return timed(work, finished)
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(TimedAllGather())
+            module.set_custom_reduce_scatter(TimedReduceScatter())
+    return clock
+
+
+def fsdp_knobs(cfg: TrainConfig) -> str:
+    """What to turn when sharded data parallelism spends its time communicating."""
+    return (
+        f"a larger batch per worker (train.batch_size, now {cfg.batch_size}), fewer workers "
+        f"(FLYSCALE_NPROC_PER_NODE), train.options.reshard_after_forward: false (one all-gather a unit fewer, "
+        f"more memory), or train.strategy: ddp if the model and its optimizer state fit one worker"
+    )
+
+
 @contextlib.contextmanager
 def no_gradient_sync(model: nn.Module) -> Iterator[None]:
     """Micro-batches before the last of an accumulated step: gradients stay unsharded and local,
@@ -229,10 +284,12 @@ def _train(
     units = units_of(model, options)
     if cfg.activation_checkpointing:
         checkpoint_units(units)
+    comm: InFlight | None = None
     if ctx.distributed:
         model = shard(model, template, ctx, options, cfg.seed)
         no_sync: Callable[[], contextlib.AbstractContextManager] | None = lambda: no_gradient_sync(model)  # noqa: E731
         evaluate = lockstep_evaluator(model, data, ctx)
+        comm = timed_collectives(model) if options.time_comm else None
     else:
         model = meta.materialise(model, ctx.device, cfg.seed)
         no_sync, evaluate = None, data.evaluator(model, ctx)
@@ -249,6 +306,7 @@ def _train(
         ctx,
         strategy="fsdp",
         optimizer=optimizer,
+        grad_comm_seconds=comm,
         state=TrainState(model, optimizer, scheduler, step.scaler),
         hooks=hooks,
     )

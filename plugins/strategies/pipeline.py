@@ -9,14 +9,15 @@ evaluation across stages and reassembling the model all share the stage boundari
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.pipelining.schedules import PipelineScheduleSingle
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 
 from flyscale.config import TrainConfig
 from flyscale.train import meta
@@ -28,18 +29,28 @@ from flyscale.train.objective import pairing
 from flyscale.train.state import TrainState
 from flyscale.train.step import StepFn, make_optimizer, make_scheduler
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
 
 @dataclass
 class PipelineOptions:
-    schedule: str = "gpipe"  # "gpipe" (fill, drain) or "1f1b" (less activation memory)
+    # "gpipe" (fill, drain), "1f1b" (less activation memory), or "interleaved_1f1b": each rank holds
+    # `stages_per_rank` stages (rank r the r-th, the (r + workers)-th, ...), a smaller bubble for
+    # more sends.
+    schedule: str = "gpipe"
     microbatches: int = 4  # micro-batches per global batch; must divide train.batch_size
     split_points: list[int] = field(default_factory=list)  # layer index where each later stage starts; [] = balance
+    stages_per_rank: int = 2  # interleaved_1f1b only
+
+    def stages(self, workers: int) -> int:
+        """How many stages the model is cut into on `workers` ranks."""
+        return workers * (self.stages_per_rank if self.schedule == "interleaved_1f1b" else 1)
 
     def __post_init__(self):
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not isinstance(self.stages_per_rank, int) or self.stages_per_rank < 1:
+            raise ValueError(f"stages_per_rank must be an integer >= 1, got {self.stages_per_rank!r}")
         if not isinstance(self.microbatches, int) or self.microbatches <= 0:
             raise ValueError(f"microbatches must be an integer > 0, got {self.microbatches!r}")
         points = self.split_points
@@ -85,7 +96,7 @@ def sequential(model: nn.Module) -> nn.Sequential:
     return model
 
 
-def _layers(model: nn.Module, start: int, stop: int) -> nn.Sequential:
+def layers(model: nn.Module, start: int, stop: int) -> nn.Sequential:
     """Layers start:stop of `model`, with their names ("3.weight"): a Sequential's slice is one."""
     return cast(nn.Sequential, sequential(model)[start:stop])
 
@@ -116,7 +127,8 @@ def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> li
         split_points = auto_split_points(model, n_stages)
     elif len(split_points) != n_stages - 1:
         raise ValueError(
-            f"split_points must name exactly {n_stages - 1} point(s) for {n_stages} stages (the world size), "
+            f"split_points must name exactly {n_stages - 1} point(s) for {n_stages} stages (the world size, times "
+            f"stages_per_rank under interleaved_1f1b), "
             f"got {split_points}"
         )
     bounds = [0, *split_points, len(model)]
@@ -140,7 +152,7 @@ def split_bounds(model: nn.Module, n_stages: int, split_points: list[int]) -> li
 def split_model(model: nn.Module, n_stages: int, split_points: list[int]) -> list[nn.Sequential]:
     """The stages as slices of `model`: they share its parameters and keep its layer names."""
     bounds = split_bounds(model, n_stages, split_points)
-    return [_layers(model, a, b) for a, b in zip(bounds, bounds[1:])]
+    return [layers(model, a, b) for a, b in zip(bounds, bounds[1:])]
 
 
 @dataclass
@@ -148,11 +160,14 @@ class LocalStage:
     """This rank's slice of the model, the schedule that runs it (None when running alone), and
     the objective the last stage scores its outputs by."""
 
-    module: nn.Sequential
-    schedule: PipelineScheduleSingle | None
-    is_first: bool = True
-    is_last: bool = True
+    module: nn.Sequential  # every layer this rank holds (all of its stages'), under the model's names
+    schedule: PipelineSchedule | None
+    is_first: bool = True  # holds the first stage: feeds the inputs
+    is_last: bool = True  # holds the last stage: scores the outputs
     objective: Any = None
+    # (global stage index, its layers) for each stage this rank runs, in order; one unless interleaved.
+    stages: list[tuple[int, nn.Sequential]] = field(default_factory=list)
+    n_stages: int = 1
 
 
 def build_stage(
@@ -165,24 +180,35 @@ def build_stage(
     already in memory is used as it is. `objective`: what the loss is (classification when None).
     """
     objective = objective or default_objective()
-    n_stages = ctx.world_size if ctx.distributed else 1
+    workers = ctx.world_size if ctx.distributed else 1
+    n_stages = options.stages(workers) if workers > 1 else 1
     bounds = split_bounds(model, n_stages, options.split_points)
-    rank = ctx.rank if n_stages > 1 else 0
-    meta.materialise(model, ctx.device, seed, range(bounds[rank], bounds[rank + 1]))
-    module = _layers(model, bounds[rank], bounds[rank + 1]).to(ctx.device)
+    rank = ctx.rank if workers > 1 else 0
+    mine = list(range(rank, n_stages, workers))  # rank r runs stages r, r + workers, ...
+    stages = []
+    for s in mine:
+        meta.materialise(model, ctx.device, seed, range(bounds[s], bounds[s + 1]))
+        stages.append((s, layers(model, bounds[s], bounds[s + 1]).to(ctx.device)))
+    held = nn.Sequential(OrderedDict((name, layer) for _, part in stages for name, layer in part.named_children()))
     if n_stages == 1:
-        return LocalStage(module, None, objective=objective)
-    if options.schedule == "1f1b" and options.microbatches < n_stages:
+        return LocalStage(held, None, objective=objective, stages=stages)
+    if options.schedule != "gpipe" and options.microbatches < workers:
         raise ValueError(
-            f"microbatches must be >= the number of stages ({n_stages}) for schedule 1f1b, got {options.microbatches}"
+            f"microbatches must be >= the number of workers ({workers}) for schedule {options.schedule}, "
+            f"got {options.microbatches}"
         )
     # Manual split, not tracing: slices of a Sequential are ordinary modules, and shapes are
     # inferred from the first micro-batch, so no example inputs are needed here.
-    stage = PipelineStage(module, ctx.rank, n_stages, ctx.device)
+    pipeline_stages = [PipelineStage(part, s, n_stages, ctx.device) for s, part in stages]
     # Mean loss per micro-batch; scale_grads divides the summed gradients by the micro-batch count,
     # which with equal micro-batches is exactly the gradient of the global batch's mean loss.
-    schedule = SCHEDULES[options.schedule](stage, n_microbatches=options.microbatches, loss_fn=objective.loss)
-    return LocalStage(module, schedule, ctx.rank == 0, ctx.rank == n_stages - 1, objective)
+    run = SCHEDULES[options.schedule]
+    schedule = run(
+        pipeline_stages if options.schedule == "interleaved_1f1b" else pipeline_stages[0],
+        n_microbatches=options.microbatches,
+        loss_fn=objective.loss,
+    )
+    return LocalStage(held, schedule, mine[0] == 0, mine[-1] == n_stages - 1, objective, stages, n_stages)
 
 
 def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -210,7 +236,8 @@ def forward_backward(stage: LocalStage, xb: torch.Tensor, yb: torch.Tensor) -> t
 
 
 def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Callable[[], tuple[float, float, float]]:
-    """Validation through the stages: activations travel rank to rank, the last stage scores them.
+    """Validation through the stages: activations travel stage to stage (rank to rank, and round
+    again when a rank holds several), the last stage scores them.
 
     No rank ever holds the whole model. Every rank reads every validation row (like training,
     the first stage as inputs, the last as labels); only the last returns non-zero sums, so the
@@ -227,13 +254,14 @@ def stage_evaluator(stage: LocalStage, data: TrainData, ctx: DistContext) -> Cal
         for xb, yb in data.val_batches():
             if pair is not None:
                 xb, yb = pair(xb, yb)
-            h = xb.to(ctx.device) if stage.is_first else ctx.recv_tensor(ctx.rank - 1)
-            h = stage.module(h)
-            if not stage.is_last:
-                ctx.send_tensor(h, ctx.rank + 1)
-                continue
-            batch_loss, batch_correct, n = objective.score(h, yb.to(ctx.device))
-            loss_sum, correct, count = loss_sum + float(batch_loss), correct + float(batch_correct), count + n
+            for s, part in stage.stages:  # stage s's input comes from the rank holding s - 1
+                h = xb.to(ctx.device) if s == 0 else ctx.recv_tensor((s - 1) % ctx.world_size)
+                h = part(h)
+                if s < stage.n_stages - 1:
+                    ctx.send_tensor(h, (s + 1) % ctx.world_size)
+                    continue
+                batch_loss, batch_correct, n = objective.score(h, yb.to(ctx.device))
+                loss_sum, correct, count = loss_sum + float(batch_loss), correct + float(batch_correct), count + n
         stage.module.train()
         return loss_sum, correct, count
 
@@ -269,6 +297,17 @@ def _check_config(cfg: TrainConfig, options: PipelineOptions) -> None:
             f"train.batch_size ({cfg.batch_size}) must be divisible by train.options.microbatches "
             f"({options.microbatches}) for the pipeline strategy"
         )
+
+
+def check_stages(model: nn.Module, cfg: TrainConfig, options: PipelineOptions, workers: int) -> None:
+    """Refuse a model that does not cut into the stages `workers` ranks run (an nn.Sequential with
+    trainable layers in each, no running statistics, no tie across stages), or a config the
+    stages cannot apply."""
+    _check_config(cfg, options)
+    refuse_running_statistics(model)
+    if workers > 1:
+        meta.check_untied(model, "the pipeline strategy would put them on different stages")
+    split_bounds(model, options.stages(workers) if workers > 1 else 1, options.split_points)
 
 
 def _check_batches(data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> None:
@@ -350,11 +389,7 @@ class Pipeline:
         """Before any data work: the model cuts into `world_size` stages (an nn.Sequential, with
         trainable layers in each), keeps no running statistics, and the config is one this
         strategy applies."""
-        _check_config(cfg, options)
-        refuse_running_statistics(model)
-        if world_size > 1:
-            meta.check_untied(model, "the pipeline strategy would put them on different stages")
-        split_bounds(model, world_size, options.split_points)
+        check_stages(model, cfg, options, world_size)
 
 
 def _train(

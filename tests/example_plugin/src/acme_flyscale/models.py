@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -65,3 +66,38 @@ class Residual(nn.Module):
 class ResidualModel:
     def build(self, options, info) -> nn.Module:
         return Residual(math.prod(info.input_shape), info.num_classes)
+
+
+class Gated(nn.Module):
+    """A forward that branches on the data's values: it trains like any model, and torch.export
+    (hence the ONNX exporter) cannot trace it."""
+
+    def __init__(self, features: int, classes: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, classes))
+
+    def forward(self, x):
+        if x.abs().sum() > 0:
+            return self.net(x)
+        return self.net(x).detach() * 0
+
+
+class GatedModel:
+    def build(self, options, info) -> nn.Module:
+        return Gated(math.prod(info.input_shape), info.num_classes)
+
+
+class RunningMax(nn.Module):
+    """Features as running maxima (torch.cummax): torch.export traces it, ONNX has no such operator."""
+
+    def __init__(self, features: int, classes: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, classes))
+
+    def forward(self, x):
+        return self.net(torch.cummax(x, dim=1).values)
+
+
+class RunningMaxModel:
+    def build(self, options, info) -> nn.Module:
+        return RunningMax(math.prod(info.input_shape), info.num_classes)

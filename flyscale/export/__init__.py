@@ -1,0 +1,1 @@
+"""Models as files anyone can serve without flyscale (ONNX)."""

@@ -1,0 +1,231 @@
+"""The trained model as a file anyone can serve without flyscale: ONNX, from torch's exporter
+(`torch.onnx.export(dynamo=True)`, which goes through `torch.export`), with a dynamic batch
+dimension, and a dynamic sequence dimension for a model of token ids.
+
+An export is only handed on once ONNX Runtime has answered like the PyTorch model on the test
+split: the largest absolute difference of any output within `atol`, and the same prediction
+(the highest-scoring class, or next token) on every example. A mismatch fails, naming the worst
+example. A model torch cannot export gets a message naming the model and torch's reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from flyscale.train.objective import pairing
+
+log = logging.getLogger(__name__)
+
+ATOL = 1e-4  # fp32 kernels of two runtimes: reorderings leave differences near 1e-6
+
+
+class ExportError(ValueError):
+    """The model could not be exported, or its export does not answer like the model."""
+
+
+@dataclass
+class Parity:
+    """How the exported model answered the test split, against the PyTorch model."""
+
+    examples: int
+    max_abs_diff: float
+    worst_example: int  # the index in the test split of the example with the largest difference
+    same_prediction: bool  # the same argmax on every example (and position)
+    atol: float
+    runtime: str = "ONNX Runtime"  # or "the torch.export program"
+
+    def sentence(self) -> str:
+        return (
+            f"{self.runtime} against PyTorch on {self.examples:,} test examples: max |difference| "
+            f"{self.max_abs_diff:.2g} (example {self.worst_example}; tolerance {self.atol:g}), "
+            f"{'the same prediction on every one' if self.same_prediction else 'predictions differ'}"
+        )
+
+
+def model_inputs(x: torch.Tensor, y: torch.Tensor, objective: Any) -> torch.Tensor:
+    """What the model is called with for a batch of the split (a language model: the tokens
+    before each position)."""
+    pair = pairing(objective)
+    return pair(x, y)[0] if pair is not None else x
+
+
+def _dynamic(example: torch.Tensor) -> dict[int, Any]:
+    """The batch dimension dynamic, and the sequence too for token ids (up to the example's length)."""
+    dims: dict[int, Any] = {0: torch.export.Dim("batch")}
+    if not example.is_floating_point() and example.dim() == 2:  # token ids (N, T)
+        dims[1] = torch.export.Dim("sequence", max=example.shape[1])
+    return dims
+
+
+def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
+    """The fallback for a model torch.export traces but ONNX cannot translate (an operator ONNX
+    lacks): a `torch.export` program saved at `path` (.pt2), which loads with torch alone
+    (`torch.export.load(path).module()`), no flyscale and no plugin. ExportError when torch.export
+    cannot trace the model either."""
+    try:
+        program = torch.export.export(model.eval(), (example,), dynamic_shapes=(_dynamic(example),))
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"torch.export cannot trace the {type(model).__name__} either: {reason}") from exc
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    return path
+
+
+def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
+    """Export `model` (eval mode) to ONNX at `path`, traced on `example` (a batch of its inputs):
+    the batch dimension dynamic, and the sequence dimension too for integer token ids (up to
+    the example's length)."""
+    model = model.eval()
+    dims = _dynamic(example)
+    try:
+        program = torch.onnx.export(
+            model,
+            (example,),
+            dynamo=True,
+            dynamic_shapes=(dims,),
+            input_names=["input"],
+            output_names=["output"],
+            verbose=False,
+        )
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(
+            f"the {type(model).__name__} could not be exported to ONNX by torch.onnx.export(dynamo=True): "
+            f"{reason}. A model torch.export cannot trace (data-dependent control flow, Python-side "
+            f"state) needs rewriting for export. The export stage then tries a torch.export program, and failing "
+            f"that registers the PyTorch model, which loads where flyscale and its plugin are installed"
+        ) from exc
+    if program is None:  # only when dynamo=False; kept for the type checker
+        raise ExportError("torch.onnx.export returned no program")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    program.save(str(path))
+    return path
+
+
+class OnnxModule(nn.Module):
+    """An ONNX file run by ONNX Runtime, called as the torch model it came from (torch tensors in
+    and out): evaluation and the latency comparison measure a model as it will be served. Its
+    threads do not spin between calls, so that two models timed in turn do not slow each other."""
+
+    def __init__(self, path: Path | str):
+        super().__init__()
+        self.path = Path(path)
+        self.runner = session(self.path, spinning=False)
+        given = self.runner.get_inputs()[0]
+        self.input_name = given.name
+        from flyscale.export.served import ONNX_TYPES
+
+        self.dtype = np.dtype(ONNX_TYPES.get(given.type, "float32"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.runner.run(None, {self.input_name: x.detach().cpu().numpy().astype(self.dtype, copy=False)})[0]
+        return torch.from_numpy(out)
+
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+
+def session(path: Path, spinning: bool = True):
+    """An ONNX Runtime session on the CPU. `spinning` False: its threads sleep between calls
+    instead of spinning for the next one, which otherwise holds the cores for a while after
+    each call, and slows whatever runs beside it in the process (torch, another session)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: its warnings about unused initialisers are not ours
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+@torch.no_grad()
+def check_parity(
+    model: nn.Module,
+    path: Path,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    objective: Any,
+    atol: float = ATOL,
+) -> Parity:
+    """Run the test split through the model and through its ONNX export; ExportError when any
+    output differs by more than `atol`, or any prediction differs, naming the worst example."""
+    model = model.eval()
+    answer = _answerer(path)
+    kind = "torch.export program" if path.suffix == ".pt2" else "ONNX model"
+    worst, worst_at, seen, same = 0.0, 0, 0, True
+    first_disagreement = -1
+    for x, y in batches:
+        if len(x) == 0:  # a shard with none of the split's rows
+            continue
+        inputs = model_inputs(x, y, objective)
+        want = model(inputs).float().numpy()
+        got = answer(inputs)
+        if got.shape != want.shape:
+            raise ExportError(f"the {kind} answers shape {got.shape} where the PyTorch model answers {want.shape}")
+        diff = np.abs(got.astype(np.float64) - want).reshape(len(want), -1).max(axis=1)
+        if not np.isfinite(diff).all():
+            diff = np.where(np.isfinite(diff), diff, math.inf)
+        i = int(diff.argmax())
+        if diff[i] > worst or seen == 0:
+            worst, worst_at = float(diff[i]), seen + i
+        if want.ndim >= 2 and want.shape[-1] > 1:  # scores per class or token: compare the choice
+            agree = (got.argmax(-1) == want.argmax(-1)).reshape(len(want), -1).all(axis=1)
+            if not agree.all():
+                if same:
+                    first_disagreement = seen + int(np.argmin(agree))
+                same = False
+        seen += len(want)
+    parity = Parity(
+        seen, worst, worst_at, same, atol, "ONNX Runtime" if path.suffix == ".onnx" else "the torch.export program"
+    )
+    if worst > atol or not same:
+        where = (
+            f"example {first_disagreement} is predicted differently"
+            if not same
+            else f"example {worst_at} differs by {worst:.3g}, over the tolerance {atol:g}"
+        )
+        raise ExportError(f"the {kind} does not answer like the PyTorch model: {where} ({parity.sentence()})")
+    log.info("%s", parity.sentence())
+    return parity
+
+
+def _answerer(path: Path):
+    """What answers a batch of inputs (a tensor) as numpy: ONNX Runtime for a .onnx file, the
+    loaded program for a torch.export one (.pt2)."""
+    if path.suffix == ".pt2":
+        module = torch.export.load(str(path)).module()
+        return lambda inputs: module(inputs).detach().float().numpy()
+    runner = session(path)
+    name = runner.get_inputs()[0].name
+    return lambda inputs: runner.run(None, {name: inputs.numpy()})[0]
+
+
+def serves_alone(objective: Any) -> bool:
+    """Whether the objective's registered model can be its ONNX export (see `serving`)."""
+    return getattr(objective, "serving", None) is not None or getattr(objective, "predict", None) is None
+
+
+def serving(objective: Any, context: Any) -> dict | None:
+    """How the ONNX model answers as the registered model (flyscale/export/served.py), by the
+    objective's `serving`; the raw outputs for an objective that serves nothing of its own; None
+    for one with its own `predict` and no `serving` (only its PyTorch code knows what it returns)."""
+    own = getattr(objective, "serving", None)
+    if own is None:
+        return {"output": "values", "scalar": False} if serves_alone(objective) else None
+    described = dict(own(context))
+    from flyscale.export.served import OUTPUTS
+
+    if described.get("output") not in OUTPUTS:
+        raise ExportError(
+            f"the objective's serving() names output {described.get('output')!r}; it must be one of {list(OUTPUTS)}"
+        )
+    return described

@@ -1,0 +1,449 @@
+"""Two-dimensional parallelism on a device mesh, as torchtitan composes it: data parallelism on
+the `dp` dimension (FSDP2, or replication), and on the other either pipeline parallelism (`pp`:
+each group of ranks holds a slice of the layers) or tensor parallelism (`tp`: each rank holds a
+slice of every layer's matmuls).
+
+    train: {strategy: hybrid, options: {mesh: {dp: 2, pp: 2}}}   # 4 workers
+    train: {strategy: hybrid, options: {mesh: {dp: 2, tp: 2}}}   # 4 workers
+
+`train.batch_size` is rows per data-parallel replica (all the ranks of one replica see the same
+rows), so the global batch is batch_size x dp. The model arrives on the meta device; each rank
+gives storage to its own part only and fills it from the same per-layer seeds as every other
+strategy, so one process with the same seed starts from the same weights.
+
+Tensor parallelism needs to know how to split a layer: a module says so in a `tp_plan`
+attribute (flyscale's GPT blocks do), or `train.options.tp_plan` names module paths for a model
+that does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from flyscale.config import TrainConfig
+from flyscale.train import meta
+from flyscale.train.batches import TrainData
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
+from flyscale.train.objective import pairing, scored
+from flyscale.train.state import TrainState
+from flyscale.train.step import StepFn, make_optimizer, make_scheduler, standard_step
+from flyscale_plugins.strategies import fsdp, pipeline
+
+MODEL_DIMENSIONS = {"pp": "pipeline", "tp": "tensor"}
+DATA_PARALLEL = ("fsdp", "replicate")
+STYLES = ("colwise", "rowwise")
+
+
+@dataclass
+class HybridOptions:
+    # Ranks per dimension: the data-parallel degree `dp` and exactly one model dimension, `pp`
+    # (pipeline stages) or `tp` (tensor-parallel ranks). dp may be left out: the workers the job
+    # has, divided by the other. Their product is the number of workers.
+    mesh: dict[str, int] = field(default_factory=dict)
+    # On dp: "fsdp" shards parameters, gradients and optimizer state over the replicas;
+    # "replicate" keeps a whole copy on each and all-reduces gradients (DDP on FSDP2's machinery).
+    data_parallel: str = "fsdp"
+    reshard_after_forward: bool = True  # under fsdp: as the fsdp strategy's option
+    # Pipeline dimension: as the pipeline strategy's options.
+    schedule: str = "gpipe"
+    microbatches: int = 4
+    split_points: list[int] = field(default_factory=list)
+    # Tensor dimension, for a model whose layers declare no `tp_plan`: module path (wildcards
+    # allowed, e.g. "2.fc1") to "colwise" (split by output) or "rowwise" (split by input).
+    tp_plan: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.mesh) - {"dp", *MODEL_DIMENSIONS})
+        model_dims = [d for d in MODEL_DIMENSIONS if d in self.mesh]
+        if unknown or len(model_dims) != 1:
+            raise ValueError(
+                f"mesh names the data-parallel degree dp and one model dimension, pp (pipeline) or tp (tensor), "
+                f"e.g. {{dp: 2, pp: 2}}; got {self.mesh or '{}'}"
+            )
+        bad = {k: v for k, v in self.mesh.items() if not isinstance(v, int) or v < 1}
+        if bad:
+            raise ValueError(f"mesh degrees must be whole numbers >= 1, got {bad}")
+        if self.data_parallel not in DATA_PARALLEL:
+            raise ValueError(f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, got {self.data_parallel!r}")
+        if self.schedule not in ("gpipe", "1f1b"):  # one stage a rank: interleaving is the pipeline strategy's
+            raise ValueError(f"schedule must be one of gpipe, 1f1b, got {self.schedule!r}")
+        if self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        styles = {k: v for k, v in self.tp_plan.items() if v not in STYLES}
+        if styles:
+            raise ValueError(f"tp_plan styles must be one of {', '.join(STYLES)}, got {styles}")
+
+    def pipeline_options(self) -> pipeline.PipelineOptions:
+        """The pipeline dimension's options, as the pipeline strategy takes them."""
+        return pipeline.PipelineOptions(self.schedule, self.microbatches, self.split_points, stages_per_rank=1)
+
+    @property
+    def model_dim(self) -> str:
+        """ "pp" or "tp": the dimension that splits the model."""
+        return next(d for d in MODEL_DIMENSIONS if d in self.mesh)
+
+    def workers(self) -> int | None:
+        """How many workers the mesh asks for; None when dp is left to the job's size."""
+        return self.mesh["dp"] * self.mesh[self.model_dim] if "dp" in self.mesh else None
+
+    def degrees(self, world_size: int) -> tuple[int, int]:
+        """(dp, the model dimension's degree) at `world_size`; ValueError naming both when they do not fit."""
+        other = self.mesh[self.model_dim]
+        dp = self.mesh.get("dp", world_size // other)
+        if dp * other != world_size:
+            wanted = f"{dp * other}" if "dp" in self.mesh else f"a multiple of {other}"
+            raise ValueError(
+                f"train.options.mesh {self.mesh} needs {wanted} workers, and this run has {world_size}: change the "
+                f"mesh, or the workers (FLYSCALE_NPROC_PER_NODE, times FLYSCALE_NNODES on a cluster)"
+            )
+        return dp, other
+
+
+@dataclass
+class Layout:
+    """This rank's place on the mesh, and the context its data is drawn by (its dp replica's)."""
+
+    mesh: Any  # torch DeviceMesh with dimensions "dp" and "pp" or "tp"
+    dp: int
+    dp_rank: int
+    degree: int  # of the model dimension
+    model_rank: int
+    data_ctx: DistContext  # rank = dp_rank, world_size = dp: the rows this replica trains and scores
+
+
+def layout(ctx: DistContext, options: HybridOptions) -> Layout:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dp, degree = options.degrees(ctx.world_size)
+    kind = options.model_dim
+    # Tensor parallelism talks on every layer, so its ranks are neighbours (innermost: one node);
+    # pipeline stages talk least, so they are outermost (torchtitan lays meshes out the same way).
+    shape, names = ((dp, degree), ("dp", kind)) if kind == "tp" else ((degree, dp), (kind, "dp"))
+    # The device type always given: with GPUs present, a gloo group would otherwise move the model to CUDA.
+    mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=names)
+    dp_rank, model_rank = mesh.get_local_rank("dp"), mesh.get_local_rank(kind)
+    data_ctx = dataclasses.replace(ctx, rank=dp_rank, world_size=dp)
+    return Layout(mesh, dp, dp_rank, degree, model_rank, data_ctx)
+
+
+def data_parallel(modules: Iterable[nn.Module], mesh, options: HybridOptions) -> None:
+    """FSDP2 (or its replication) over the dp dimension, unit by unit, the last module being the root."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate  # private, as in torchtitan
+    from torch.distributed.fsdp import fully_shard
+
+    for module in modules:
+        if options.data_parallel == "fsdp":
+            fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward)
+        else:
+            replicate(module, mesh=mesh)
+
+
+def tensor_parallel(model: nn.Module, mesh, options: HybridOptions) -> None:
+    """Split the matmuls each module's `tp_plan` (or the config's) names over the tp dimension."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    style = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for module, plan in plans(model, options):
+        parallelize_module(module, mesh, {path: style[s]() for path, s in plan.items()})
+
+
+def plans(model: nn.Module, options: HybridOptions) -> list[tuple[nn.Module, dict[str, str]]]:
+    """(module, its plan) for every module that declares a `tp_plan`, or the config's at the root."""
+    if options.tp_plan:
+        return [(model, options.tp_plan)]
+    return [(m, cast(dict, m.tp_plan)) for m in model.modules() if isinstance(getattr(m, "tp_plan", None), dict)]
+
+
+def check_tensor_parallel(model: nn.Module, options: HybridOptions, tp: int) -> None:
+    """Every planned layer splits into `tp` whole pieces, and every split by heads gives each rank whole heads."""
+    found = plans(model, options)
+    if not found:
+        raise ValueError(
+            f"train.options.mesh asks for tensor parallelism, and no module of this {type(model).__name__} declares "
+            f"a tp_plan: give train.options.tp_plan (module path: colwise | rowwise), or use mesh {{dp: N, pp: M}}"
+        )
+    for name, m in model.named_modules():
+        heads = getattr(m, "heads", None)
+        if isinstance(heads, int) and heads % tp:
+            raise ValueError(f"{name or 'the model'} has {heads} attention heads, which tp={tp} ranks cannot share out")
+    for module, plan in found:
+        for path, style in plan.items():
+            if "*" in path:
+                continue
+            try:
+                linear = module.get_submodule(path)
+            except AttributeError:
+                raise ValueError(f"tp_plan names {path!r}, and {type(module).__name__} has no such module") from None
+            if not isinstance(linear, nn.Linear):
+                raise ValueError(f"tp_plan names {path!r}, a {type(linear).__name__}: only nn.Linear layers split")
+            size = linear.out_features if style == "colwise" else linear.in_features
+            if size % tp:
+                raise ValueError(f"{path} ({linear}) cannot be split {style} into {tp} equal parts: {size} features")
+
+
+def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, ctx: DistContext, holders: int) -> None:
+    """Clip by the norm of the whole model's gradient, whatever each rank holds of it.
+
+    `holders`: how many ranks hold some of each parameter (all of them under tp, one stage's
+    dp ranks under pp). A DTensor's local piece counts once among the ranks that hold the same
+    piece; a plain tensor's among all its holders. One all-reduce of one float.
+    """
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    local = 0.0
+    for g in grads:
+        if isinstance(g, DTensor):
+            # Every placement but Replicate splits the tensor (Shard, and FSDP-over-TP's _StridedShard,
+            # which is no Shard subclass); gradients are never left Partial.
+            pieces = 1
+            for dim, placement in enumerate(g.placements):
+                if not placement.is_replicate():
+                    pieces *= g.device_mesh.size(dim)
+            local += float(g.to_local().detach().float().pow(2).sum()) * pieces / holders
+        else:
+            local += float(g.detach().float().pow(2).sum()) / holders
+    total = ctx.all_reduce_sum([local])[0] ** 0.5
+    scale = max_norm / (total + 1e-6)
+    if scale < 1.0:
+        for g in grads:
+            g.mul_(scale)
+
+
+def counted_once(step: StepFn, counts: bool) -> StepFn:
+    """`step`, reporting its rows, loss and hits only where `counts`: the tp ranks of a replica
+    all compute the same loss on the same rows, and `fit` sums over ranks."""
+    if counts:
+        return step
+
+    def quiet(xb: torch.Tensor, yb: torch.Tensor):
+        loss, correct, _ = step(xb, yb)
+        return loss * 0, None if correct is None else correct * 0, 0
+
+    return quiet
+
+
+def lockstep_scores(
+    forward: Callable[[torch.Tensor, torch.Tensor], tuple[float, float, float] | None],
+    data: TrainData,
+    lay: Layout,
+    counts: bool,
+) -> Callable[[], tuple[float, float, float]]:
+    """Validation over this replica's share (every dp-th row of each batch): every rank makes the
+    same forward calls (a sharded forward gathers from its peers), an empty share runs one row and
+    scores nothing, and only the ranks that `count` report sums."""
+
+    @torch.no_grad()
+    def run() -> tuple[float, float, float]:
+        sums = [0.0, 0.0, 0.0]
+        for xb, yb in data.val_batches():
+            x, y = xb[lay.dp_rank :: lay.dp], yb[lay.dp_rank :: lay.dp]
+            scored = forward(x, y) if len(y) else forward(xb[:1], yb[:1])
+            if scored is not None and len(y) and counts:
+                sums = [a + float(b) for a, b in zip(sums, scored)]
+        return sums[0], sums[1], sums[2]
+
+    return run
+
+
+class Hybrid:
+    """Data parallelism on `dp` with pipeline (`pp`) or tensor (`tp`) parallelism on the other
+    mesh dimension. Alone, it trains plainly."""
+
+    options_type = HybridOptions
+    per_worker_batch = True  # batch_size rows per data-parallel replica (see `replicas`)
+    meta_model = True  # each rank gives storage to its own part only
+
+    def workers(self, options: HybridOptions) -> int | None:
+        """The workers the mesh asks for (dp x the other degree); None when dp is left to the job."""
+        return options.workers()
+
+    def replicas(self, options: HybridOptions, world_size: int) -> int:
+        """How many data-parallel replicas share the global batch: the mesh's dp."""
+        return options.degrees(world_size)[0] if world_size > 1 else 1
+
+    def __call__(
+        self,
+        model: nn.Module,
+        data: TrainData,
+        cfg: TrainConfig,
+        ctx: DistContext,
+        options: HybridOptions,
+        hooks: Hooks = NO_HOOKS,
+    ) -> TrainResult:
+        """Train on the mesh; rank 0 ends with the whole trained model."""
+        if not ctx.distributed:
+            return fsdp.fsdp(model, data, cfg, ctx, fsdp.FSDPOptions(), hooks)  # alone: plainly
+        lay = layout(ctx, options)
+        if options.model_dim == "tp":
+            return _train_tp(model, data, cfg, ctx, options, hooks, lay)
+        return _train_pp(model, data, cfg, ctx, options, hooks, lay)
+
+    def check(self, model: nn.Module, cfg: TrainConfig, options: HybridOptions, world_size: int) -> None:
+        """Before any data work: the mesh fits the workers, and the model splits along it."""
+        if world_size == 1:
+            return
+        dp, degree = options.degrees(world_size)
+        if options.model_dim == "tp":
+            check_tensor_parallel(model, options, degree)
+        else:
+            pipeline.check_stages(model, cfg, options.pipeline_options(), degree)
+
+
+def _train_tp(
+    model: nn.Module,
+    data: TrainData,
+    cfg: TrainConfig,
+    ctx: DistContext,
+    options: HybridOptions,
+    hooks: Hooks,
+    lay: Layout,
+) -> TrainResult:
+    # On meta: the shapes to draw initial values from, and the model rank 0 gathers into.
+    template = copy.deepcopy(model)
+    units = fsdp.units_of(model, fsdp.FSDPOptions())
+    if cfg.activation_checkpointing:
+        fsdp.checkpoint_units(units)
+    tensor_parallel(model, lay.mesh["tp"], options)
+    data_parallel([*units, model], lay.mesh["dp"], options)
+    model.to_empty(device=ctx.device)  # this rank's pieces only
+    for _, values in meta.initial_values(template, cfg.seed):
+        fsdp.load_shards(model, values)
+    counts = lay.model_rank == 0
+    loader = data.train_loader(cfg, lay.data_ctx)
+    optimizer = make_optimizer(model, cfg, lay.dp)  # the lr follows the global batch: dp replicas
+    scheduler = make_scheduler(optimizer, cfg, len(loader))
+    step = standard_step(
+        model,
+        optimizer,
+        cfg,
+        ctx.device,
+        scheduler,
+        lambda: fsdp.no_gradient_sync(model),
+        objective=data.objective,
+        clip=lambda max_norm: clip_grad_norm(model.parameters(), max_norm, ctx, ctx.world_size),
+    )
+
+    def forward(x: torch.Tensor, y: torch.Tensor):
+        was = model.training
+        model.eval()
+        try:
+            return scored(data.objective, model, x.to(ctx.device), y.to(ctx.device))
+        finally:
+            model.train(was)
+
+    history = fit(
+        model,
+        counted_once(step, counts),
+        loader,
+        lockstep_scores(forward, data, lay, counts),
+        cfg,
+        ctx,
+        strategy="hybrid",
+        optimizer=optimizer,
+        grad_comm_seconds=fsdp.timed_collectives(model),  # dp's gathers and reductions (not tp's all-reduces)
+        state=TrainState(model, optimizer, scheduler, step.scaler),
+        hooks=hooks,
+    )
+    return TrainResult(model=fsdp.gather(model, template, ctx), history=history)
+
+
+def _train_pp(
+    model: nn.Module,
+    data: TrainData,
+    cfg: TrainConfig,
+    ctx: DistContext,
+    options: HybridOptions,
+    hooks: Hooks,
+    lay: Layout,
+) -> TrainResult:
+    from torch.distributed.pipelining import PipelineStage
+
+    pipeline.check_stages(model, cfg, options.pipeline_options(), lay.degree)
+    template = copy.deepcopy(model)  # on meta: the whole model rank 0 assembles at the end
+    bounds = pipeline.split_bounds(model, lay.degree, options.split_points)
+    first, last = bounds[lay.model_rank], bounds[lay.model_rank + 1]
+    meta.materialise(model, ctx.device, cfg.seed, range(first, last))  # this stage's layers only
+    module = pipeline.layers(model, first, last).to(ctx.device)
+    data_parallel([module], lay.mesh["dp"], options)  # the stage is one unit on its dp ranks
+    pp_group = lay.mesh["pp"]
+    stage = PipelineStage(module, lay.model_rank, lay.degree, ctx.device, group=pp_group.get_group())
+    schedule = pipeline.SCHEDULES[options.schedule](
+        stage, n_microbatches=options.microbatches, loss_fn=data.objective.loss
+    )
+    local = pipeline.LocalStage(module, schedule, lay.model_rank == 0, lay.model_rank == lay.degree - 1, data.objective)
+    optimizer = make_optimizer(module, cfg, lay.dp)
+    loader = data.train_loader(cfg, lay.data_ctx, drop_last=True)  # the schedule's buffers have a fixed shape
+    scheduler = make_scheduler(optimizer, cfg, len(loader))
+
+    def step(xb: torch.Tensor, yb: torch.Tensor):
+        optimizer.zero_grad(set_to_none=True)
+        loss, correct = pipeline.forward_backward(local, xb, yb)  # dp gradients reduced after the last micro-batch
+        if cfg.grad_clip_norm > 0:
+            clip_grad_norm(module.parameters(), cfg.grad_clip_norm, ctx, lay.dp)
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        return loss, correct, len(yb) if local.is_last else 0
+
+    peers = pp_group.mesh.tolist()  # the global ranks of this replica's stages, in stage order
+    pair = pairing(data.objective)
+
+    def forward(x: torch.Tensor, y: torch.Tensor):
+        if pair is not None:
+            x, y = pair(x, y)
+        module.eval()
+        try:
+            h = x.to(ctx.device) if local.is_first else ctx.recv_tensor(peers[lay.model_rank - 1])
+            h = module(h)
+            if not local.is_last:
+                ctx.send_tensor(h, peers[lay.model_rank + 1])
+                return None
+            return data.objective.score(h, y.to(ctx.device))
+        finally:
+            module.train()
+
+    history = fit(
+        model,
+        step,
+        loader,
+        lockstep_scores(forward, data, lay, local.is_last),
+        cfg,
+        ctx,
+        "hybrid",
+        optimizer,
+        grad_comm_seconds=fsdp.timed_collectives(module),  # dp's gathers and reductions (not the stages' sends)
+        state=TrainState(module, optimizer, scheduler, stage=True),
+        hooks=hooks,
+    )
+    return TrainResult(model=_assemble(template, module, lay, ctx), history=history)
+
+
+def _assemble(template: nn.Module, module: nn.Module, lay: Layout, ctx: DistContext) -> nn.Module:
+    """The whole trained model on rank 0, in `template` (a meta copy): each stage's dp ranks
+    gather their stage (collectively, within their dp group), and its first dp rank sends it to
+    rank 0. Other ranks get `template` back."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # Not cpu_offload: that keeps the result on global rank 0 only, which holds one stage.
+    whole = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+    own = {k: cast(torch.Tensor, v).detach().cpu() for k, v in whole.items()} if lay.dp_rank == 0 else {}
+    parts = ctx.gather_object(own)
+    if not ctx.is_main:
+        return template
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:  # a stage keeps the model's layer names ("3.weight"): the parts fit together as they are
+        merged.update(part)
+    template.load_state_dict(merged, assign=True)
+    return template.to(ctx.device)
+
+
+hybrid = Hybrid()

@@ -1,0 +1,66 @@
+"""The export stage: the trained fp32 model as ONNX, checked against PyTorch on the test split."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+from flytekit import task
+from flytekit.types.file import FlyteFile
+
+from flyscale.config import ModelConfig, ObjectiveConfig
+from flyscale.data.shards import Shards
+from flyscale.data.tensors import batches
+from flyscale.export import onnx
+from flyscale.flyte.caching import code_cache
+from flyscale.flyte.provenance import TaskRun
+from flyscale.model import build_model, file_sha256, load_state
+from flyscale.plugin.contracts import DatasetInfo
+from flyscale.train import objective as objectives
+from tasks.common import SMALL, TASK
+from tasks.records import ExportedModel
+
+log = logging.getLogger(__name__)
+
+
+class Exported(NamedTuple):
+    model: ExportedModel
+    run: TaskRun
+
+
+@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+def export_model(
+    weights: FlyteFile,
+    test: Shards,
+    info: DatasetInfo,
+    model_cfg: ModelConfig,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+) -> Exported:
+    """Export the trained model to ONNX (dynamic batch; dynamic sequence for token ids), and
+    fail unless ONNX Runtime answers the test split as the PyTorch model does. A model torch
+    cannot export is handed on without an export (an empty file, no sha256), with the reason."""
+    run = TaskRun.start("export_model")
+    model = load_state(build_model(model_cfg, info), weights.download())
+    goal = objectives.of(objective)
+    x, y = next(iter(batches(test, info)))
+    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    example = onnx.model_inputs(x[:8], y[:8], goal)  # traced on a few rows; any batch size serves
+    try:
+        onnx.export(model, example, path)
+    except onnx.ExportError as exc:
+        log.warning("%s", exc)
+        try:  # an operator ONNX lacks: a torch.export program still loads without flyscale (with torch)
+            path = onnx.export_program(model, example, path.with_suffix(".pt2"))
+        except onnx.ExportError as again:
+            # A model torch cannot export still trains, is judged and is registered: as the PyTorch
+            # model, which loads where flyscale and its plugin are installed. Said in the summary.
+            log.warning("%s", again)
+            path.write_bytes(b"")
+            return Exported(ExportedModel(FlyteFile(str(path)), "", f"not exported: {exc}", 0.0, ""), run.done())
+    # An export that answers differently is a bug to fix, not a model to ship: that fails here.
+    parity = onnx.check_parity(model, path, batches(test, info), goal)
+    kind = "onnx" if path.suffix == ".onnx" else "pt2"
+    exported = ExportedModel(FlyteFile(str(path)), file_sha256(str(path)), parity.sentence(), parity.max_abs_diff, kind)
+    return Exported(exported, run.done())
