@@ -1,0 +1,161 @@
+"""Batch prediction: a dataset's rows scored by a registered version, one piece of the dataset
+(a file of rows, or a shard of typed examples such as images) at a time, each written as
+Parquet beside its input key. Images are decoded and scaled as training reads them.
+
+A piece's output has one row per input row, in order: the origin (`_source_file`,
+`_source_row`: the input key), `model` (models:/NAME/VERSION, the version that scored it),
+`prediction` (the class for a classifier, the value for a regressor), and for a classifier
+`scores` (its class probabilities). A row the model cannot score (a missing or non-numeric
+feature) is never dropped: scoring fails naming the column, the file and the row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flyscale.config import DataConfig
+from flyscale.data import fields
+from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo, as_dataset_info
+
+log = logging.getLogger(__name__)
+
+
+class BatchPredictError(ValueError):
+    """The dataset cannot be scored by the model as it is."""
+
+
+def parts(cfg: DataConfig) -> list[str]:
+    """The pieces of the configured dataset batch prediction maps over: a dataset of rows' files
+    (`parts`), or a dataset of typed examples' shards (`shards`; one piece without)."""
+    resolved = cfg.plugin
+    plugin = resolved.plugin
+    if hasattr(plugin, "parts") and hasattr(plugin, "part"):
+        found = list(plugin.parts(resolved.options))
+    elif hasattr(plugin, "examples"):
+        found = list(plugin.shards(resolved.options)) if hasattr(plugin, "shards") else [""]
+    else:
+        raise BatchPredictError(
+            f"dataset {cfg.dataset!r} says neither what pieces its rows come in (parts() and part()) nor its "
+            "examples' shards (examples()): batch prediction reads the parquet and csv datasets (local or s3://) "
+            "and datasets of typed examples"
+        )
+    if not found:
+        raise BatchPredictError(f"dataset {cfg.dataset!r} has nothing to score under its path")
+    return found
+
+
+@dataclass
+class Scored:
+    rows: int
+    path: str
+
+
+def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
+    """The registered model (downloaded into `into`, loaded as MLflow serves it) and the dataset
+    info it was trained on (what it reads), from the spec it carries."""
+    import json
+
+    import mlflow
+    import yaml
+
+    local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into)))
+    artifacts = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"].get("artifacts", {})
+    if "spec" not in artifacts:
+        raise BatchPredictError(f"{model_uri} carries no flyscale spec: it was not registered by flyscale")
+    serving = artifacts.get("serving")
+    if serving and json.loads((local / serving["path"]).read_text()).get("output") == "text":
+        raise BatchPredictError(f"{model_uri} is a language model (prompts in, text out): batch prediction scores examples")
+    spec = json.loads((local / artifacts["spec"]["path"]).read_text())
+    return mlflow.pyfunc.load_model(str(local)), as_dataset_info(spec["info"], f"{model_uri}'s spec")
+
+
+def _inputs(cfg: DataConfig, name: str, info: DatasetInfo) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """(origin columns, the model's inputs) of the piece `name`, a batch at a time."""
+    resolved = cfg.plugin
+    field = info.input()
+    if field is None:  # columns of features
+        for frame in resolved.plugin.part(resolved.options, name):
+            missing = [c for c in info.feature_columns if c not in frame.columns]
+            if missing:
+                raise BatchPredictError(
+                    f"{name}: the model reads features {missing[:5]}{'...' if len(missing) > 5 else ''} "
+                    f"that the file does not have"
+                )
+            yield frame[[SOURCE_FILE, SOURCE_ROW]], _numeric(frame, info.feature_columns, name)
+        return
+    reader = fields.reader(info)
+    for batch in resolved.plugin.examples(resolved.options, name):
+        table = pa.Table.from_batches([batch])
+        origin = table.select([SOURCE_FILE, SOURCE_ROW]).to_pandas()
+        if field.name not in table.column_names:
+            raise BatchPredictError(f"shard {name!r}: the model reads field {field.name!r}, which its examples lack")
+        column = table.column(field.name)
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):  # encoded images
+            x = np.empty((table.num_rows, *field.shape), dtype="uint8")
+            for i, data in enumerate(column.to_pylist()):
+                try:
+                    x[i] = fields.decode_image(data, field)
+                except ValueError as exc:
+                    at = origin.iloc[i]
+                    raise BatchPredictError(f"{at[SOURCE_FILE]} row {at[SOURCE_ROW]}: {field.name} {exc}") from None
+        else:
+            x = fields.to_numpy(column, field)
+        yield origin, reader.to_model(x)
+
+
+def score_part(cfg: DataConfig, name: str, model_uri: str, out: Path) -> Scored:
+    """Score the piece `name` of the dataset with the model at `model_uri`; Parquet at `out`."""
+    model, info = load(model_uri, out.parent / "model")
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        for origin, x in _inputs(cfg, name, info):
+            answer = np.asarray(model.predict(x))
+            table = _table(origin, answer, model_uri)
+            if writer is None:
+                writer = pq.ParquetWriter(str(out), table.schema)
+            writer.write_table(table)
+            rows += len(origin)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:  # an empty file: an empty output, with the columns
+        pq.write_table(pa.table({SOURCE_FILE: pa.array([], pa.string()), SOURCE_ROW: pa.array([], pa.int64())}), out)
+    log.info("%s: %d rows scored by %s", name, rows, model_uri)
+    return Scored(rows, str(out))
+
+
+def _numeric(frame: pd.DataFrame, features: list[str], name: str) -> np.ndarray:
+    """The features as float32, or an error naming the first column and row that is not a number."""
+    block = frame[features].apply(pd.to_numeric, errors="coerce")
+    bad = block.isna() & frame[features].notna()
+    if bad.to_numpy().any():
+        column = bad.any().idxmax()
+        row = int(frame.loc[bad[column], SOURCE_ROW].iloc[0])
+        raise BatchPredictError(
+            f"{name}: column {column!r} at row {row} is not a number: {frame.loc[bad[column], column].iloc[0]!r}"
+        )
+    return block.to_numpy(dtype="float32")
+
+
+def _table(frame: pd.DataFrame, answer: np.ndarray, model_uri: str) -> pa.Table:
+    columns: dict[str, Any] = {
+        SOURCE_FILE: pa.array(frame[SOURCE_FILE].astype(str).to_numpy()),
+        SOURCE_ROW: pa.array(frame[SOURCE_ROW].to_numpy(dtype="int64")),
+        "model": pa.array([model_uri] * len(frame)),
+    }
+    if answer.ndim == 2 and answer.shape[1] > 1:  # class probabilities
+        columns["prediction"] = pa.array(answer.argmax(axis=1).astype("int64"))
+        columns["scores"] = pa.array(list(answer.astype("float32")), pa.list_(pa.float32()))
+    else:
+        columns["prediction"] = pa.array(answer.reshape(len(frame)).astype("float64"))
+    return pa.table(columns)
