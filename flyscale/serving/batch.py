@@ -73,7 +73,9 @@ def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
         raise BatchPredictError(f"{model_uri} carries no flyscale spec: it was not registered by flyscale")
     serving = artifacts.get("serving")
     if serving and json.loads((local / serving["path"]).read_text()).get("output") == "text":
-        raise BatchPredictError(f"{model_uri} is a language model (prompts in, text out): batch prediction scores examples")
+        raise BatchPredictError(
+            f"{model_uri} is a language model (prompts in, text out): batch prediction scores examples"
+        )
     spec = json.loads((local / artifacts["spec"]["path"]).read_text())
     return mlflow.pyfunc.load_model(str(local)), as_dataset_info(spec["info"], f"{model_uri}'s spec")
 

@@ -60,7 +60,9 @@ def local_target(model_dir: Path, name: str, version: str = "", model_uri: str =
     """An MLflow model in a local folder (a candidate not registered yet, say)."""
     example_file = model_dir / "serving_input_example.json"
     if not example_file.exists():
-        raise ValueError(f"{model_uri or model_dir} has no serving input example to send: it was not logged by flyscale")
+        raise ValueError(
+            f"{model_uri or model_dir} has no serving input example to send: it was not logged by flyscale"
+        )
     return Target(model_uri or str(model_dir), name, version, model_dir, json.loads(example_file.read_text()))
 
 
