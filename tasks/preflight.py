@@ -5,10 +5,14 @@ workers (`preflight_check`)."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 from typing import NamedTuple
 
 from flytekit import task
 from flytekit.core.task import TaskPlugins
+from flytekit.types.file import FlyteFile
+from torch import nn
 
 from flyscale.cluster.launchers import (
     LocalSafeElastic,
@@ -29,6 +33,8 @@ from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model
 from flyscale.plugin.contracts import DatasetInfo
+from flyscale.tracking import start
+from flyscale.tracking.store import tracking_uri
 from flyscale.train import distributed, preflight
 from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
@@ -36,7 +42,7 @@ from flyscale.train.preflight import PreflightReport
 from flyscale.train.strategies import check_model as check_against_strategy
 from flyscale.train.strategies import strategy, wants_meta_model
 from tasks.common import SMALL, task_options
-from tasks.records import ModelCheck
+from tasks.records import ModelCheck, StartWeights
 
 
 # Never cached: it is cheap, and it reads what the dataset declares as it is now. The pod sees the
@@ -90,7 +96,18 @@ def check_model(
         world_size=world_size,
         parameters=sum(p.numel() for p in model.parameters()),
         layers=[type(m).__name__ for m in model.children()],
+        start=_start_weights(model_cfg, model, info),
     )
+
+
+def _start_weights(model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo) -> StartWeights:
+    """The weights model.init_from names, fetched now (an alias may have moved since the last run)
+    and held to the model this run builds."""
+    if not model_cfg.init_from:
+        return StartWeights()
+    fetched = start.fetch(model_cfg.init_from, Path(tempfile.mkdtemp(prefix="flyscale-start-")), tracking_uri())
+    start.check(fetched, model, model_cfg, info)
+    return StartWeights(FlyteFile(fetched.weights_path), fetched.sha256, fetched.source)
 
 
 class Checked(NamedTuple):

@@ -7,7 +7,7 @@ and FlyteDirectory fields, uploaded and downloaded by Flyte, never behind its ba
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
@@ -24,14 +24,26 @@ from flyscale.train.telemetry import TrainHistory
 
 
 @dataclass
+class StartWeights:
+    """What training starts from (`model.init_from`): the weights (None: fresh ones), their sha256
+    (what training's cache keys on), and what they are, for the lineage."""
+
+    weights: FlyteFile | None = None
+    sha256: str = ""
+    source: str = ""
+
+
+@dataclass
 class ModelCheck:
-    """The model the run will train, checked against its strategy before any data was read."""
+    """The model the run will train, checked against its strategy before any data was read, and
+    the weights it starts from, checked against it."""
 
     model: str
     strategy: str
     world_size: int
     parameters: int
     layers: list[str]  # the top-level layers, by type
+    start: StartWeights = field(default_factory=StartWeights)
 
 
 @dataclass

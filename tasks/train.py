@@ -41,7 +41,7 @@ from flyscale.train.preflight import PreflightReport, global_batch
 from flyscale.train.run_dirs import claimed_directory, prune, training_key
 from flyscale.train.strategies import reshards, strategy, wants_meta_model
 from tasks.common import DECKS, task_options
-from tasks.records import TrainedModel
+from tasks.records import StartWeights, TrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ def identity(
     world_size: int,
     augment: AugmentConfig,
     objective: ObjectiveConfig,
+    start_sha256: str = "",
 ) -> str:
     """The key of what this task trains (what its cache key holds, but for the execution): the
     same command run again after a Ctrl-C or a crash has the same one, and resumes. A strategy
@@ -66,6 +67,7 @@ def identity(
             "train": flatten(cfg),
             "augment": flatten(augment),
             "objective": flatten(objective),
+            "start": start_sha256,
             **workers,
             "code": code_version(__name__, ("models", "strategies", "objectives")),
         }
@@ -88,8 +90,9 @@ class Trained(NamedTuple):
 
 # The launcher decides the global batch, so the same inputs on other workers are another model.
 # Where the live curves go (the store, this execution's start and data version) and how the run
-# recovers from failures are no part of the model.
-IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery")
+# recovers from failures are no part of the model. The starting weights enter by their content
+# (`start_sha256`), not by the file's fresh path.
+IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start")
 
 
 def train_job(
@@ -105,6 +108,7 @@ def train_job(
     threads: int = 0,
     augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (never mutated)
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (never mutated)
+    start: StartWeights = StartWeights(),  # noqa: B008 (never mutated)
 ) -> TrainedModel | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
@@ -121,7 +125,7 @@ def train_job(
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
-        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective)
+        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective, start.sha256)
         with restart_directory(
             ctx, recovery.checkpoint_dir, key, f"{started.execution}@{started.started_at!r}"
         ) as root:
@@ -147,10 +151,14 @@ def train_job(
                     )
             # A failure leaves the live run RUNNING: a restart or a retry carries on with it, and if
             # none succeeds the workflow's failure handler (close_failed_run) ends it FAILED.
-            hooks = Hooks(checkpointer=checkpointer, on_epoch=(live.epoch,) if live is not None else ())
+            hooks = Hooks(
+                checkpointer=checkpointer,
+                on_epoch=(live.epoch,) if live is not None else (),
+                start=start.weights.download() if start.weights is not None else "",
+            )
             data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
             result = train_fn(model, data, cfg, ctx, options, hooks)
-            finished = len(result.history.epochs) == cfg.epochs
+            finished = len(result.history.epochs) == cfg.epochs or bool(result.history.stopping)
             ctx.barrier()  # every rank is past its last checkpoint read or write
             if ctx.is_main and finished:
                 checkpointer.discard()  # the weights are the task's output from here on
@@ -161,6 +169,8 @@ def train_job(
         if live is None:  # rank 0 opened it above
             raise RuntimeError("rank 0 has no live MLflow run to hand on")
         result.history.mlflow_run_id = live.run_id
+        if start.weights is not None:
+            result.history.started_from = f"{start.source} (weights sha256 {start.sha256[:12]})"
         Deck("Learning curves", learning_curves_html(result.history))
         return TrainedModel(FlyteFile(save_state(result.model, "model.pt")), result.history)
 
@@ -189,6 +199,8 @@ def train_model(
     recovery: RecoveryConfig = RecoveryConfig(),  # noqa: B008 (a Flyte input's default is its value)
     augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (typed examples: each batch as it is drawn)
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    start: StartWeights = StartWeights(),  # noqa: B008 (a Flyte input's default is its value)
+    start_sha256: str = "",  # the starting weights' content: what the cache keys on (start is ignored)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
@@ -207,5 +219,6 @@ def train_model(
         recovery,
         augment=augment,
         objective=objective,
+        start=start,
     )
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

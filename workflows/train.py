@@ -58,6 +58,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         recovery=cfg.recovery,
         augment=cfg.augment,
         objective=cfg.objective,
+        start=model.start,
+        start_sha256=model.start.sha256,
     )
     # Text: the tokenizer decodes samples, and its bytes a token give bits per byte. (Not all of
     # `validated`: its report changes with the champion, which would re-run evaluation.) Each call

@@ -15,6 +15,7 @@ from flyscale.config.publishing import GateConfig, GatesConfig, MlflowConfig, Qu
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
+    EarlyStoppingConfig,
     ModelConfig,
     ObjectiveConfig,
     PreflightConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "RecoveryConfig",
     "ServingConfig",
     "TokenizeConfig",
+    "EarlyStoppingConfig",
     "TrainConfig",
     "effective",
     "flatten",

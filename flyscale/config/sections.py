@@ -8,11 +8,15 @@ sections for gates and publishing are in `publishing`, and the whole run's in `p
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
 
 from flyscale.config.base import Section, fraction, positive, section
 from flyscale.config.plugins import PluginSection, canonical, resolve
 from flyscale.plugin.registry import Resolved
+
+# What model.init_from may name: a registered version (by alias or number) or a run's model.
+START_URI = re.compile(r"models:/[^/@]+(@[\w.-]+|/\d+)|runs:/[0-9a-f]+(/[\w.-]+)?")
 
 
 @section
@@ -129,9 +133,17 @@ class ModelConfig(PluginSection):
     _kind = "models"
     name: str = "mlp"
     options: dict = field(default_factory=dict)
+    # Start training from these weights instead of fresh ones (a warm start, a fine-tune):
+    # models:/NAME@ALIAS, models:/NAME/VERSION, or runs:/RUN_ID (that run's model). "" = fresh weights.
+    init_from: str = ""
 
     def __post_init__(self):
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+        if self.init_from and not START_URI.fullmatch(self.init_from):
+            raise ValueError(
+                f"model.init_from must be models:/NAME@ALIAS, models:/NAME/VERSION or runs:/RUN_ID[/MODEL], "
+                f"got {self.init_from!r}"
+            )
 
 
 @section
@@ -146,6 +158,34 @@ class ObjectiveConfig(PluginSection):
 
     def __post_init__(self):
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
+
+
+# Validation metrics early stopping can watch, and whether lower is better.
+STOPPING_METRICS = {"val_loss": True, "val_accuracy": False}
+
+
+@section
+class EarlyStoppingConfig(Section):
+    """Stop training once the validation metric has not improved for `patience` epochs, and hand
+    on the best epoch's weights, not the last."""
+
+    _section = "train.early_stopping"
+    metric: str = "val_loss"  # "val_loss" (lower is better) or "val_accuracy" (higher is better)
+    patience: int = 3  # epochs in a row without an improvement before training stops
+    min_delta: float = 0.0  # an epoch improves on the best only by more than this
+
+    def __post_init__(self):
+        if self.metric not in STOPPING_METRICS:
+            raise ValueError(
+                f"train.early_stopping.metric must be one of {sorted(STOPPING_METRICS)}, got {self.metric!r}"
+            )
+        positive(self, "patience")
+        if self.min_delta < 0:
+            raise ValueError(f"train.early_stopping.min_delta must be >= 0, got {self.min_delta}")
+
+    def improves(self, value: float, best: float) -> bool:
+        """Whether `value` beats `best` by more than min_delta, in the metric's direction."""
+        return value < best - self.min_delta if STOPPING_METRICS[self.metric] else value > best + self.min_delta
 
 
 @section
@@ -177,6 +217,9 @@ class TrainConfig(PluginSection):
     # Training-set accuracy costs three small kernels per step (~4% of a tiny MLP's step on CPU);
     # validation accuracy is always measured, so this is off unless asked for.
     track_train_accuracy: bool = False
+    # Stop when the validation metric stops improving, and keep the best epoch's weights; None: train
+    # every epoch and hand on the last.
+    early_stopping: EarlyStoppingConfig | None = None
 
     def __post_init__(self):
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here

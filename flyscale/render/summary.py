@@ -57,6 +57,8 @@ class RunSummary:
     comparison: Comparison | None = None  # int8 against fp32, latency side by side
     test_data: str = ""  # the test data against the champion's
     resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
+    started_from: str = ""  # the weights training started from (model.init_from); "" = fresh ones
+    stopping: str = ""  # what early stopping did: the epoch kept and why training stopped ("" = off)
     diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
     tokens: TokenStats | None = None  # text: the tokenizer, the token counts and the unigram baseline
     onnx: str = ""  # how the ONNX export answered the test split against PyTorch ("" = not exported)
@@ -77,6 +79,8 @@ class RunSummary:
             comparison=c.comparison,
             test_data=c.judgment.test_data,
             resumed=resumed(c.history),
+            stopping=c.history.stopping,
+            started_from=c.history.started_from,
             diagnosis=c.history.diagnosis,
             tokens=c.tokens,
             onnx=c.onnx_parity,
@@ -150,6 +154,10 @@ class RunSummary:
         ]
         if self.resumed:
             lines.append(f"  training    {self.resumed}")
+        if self.started_from:
+            lines.append(f"  started     from {self.started_from}")
+        if self.stopping:
+            lines.append(f"  epochs      {self.stopping}")
         if self.diagnosis:
             lines.append(f"  warning     {self.diagnosis}")
         p = self.preflight

@@ -162,6 +162,8 @@ def run_record(c: Candidate) -> run_log.RunRecord:
             "flyscale.flyte_execution": execution_id(),
             "flyscale.image": settings.IMAGE.get() or "unset",
             **({"flyscale.onnx_sha256": c.onnx_sha256} if c.onnx_sha256 else {}),
+            # What training started from (model.init_from): a fine-tune's parent version and its weights.
+            **({"flyscale.init_from": history.started_from} if history.started_from else {}),
         },
         test_sha256=c.test_sha256,
         metrics={

@@ -185,6 +185,11 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         )
     if record.history.diagnosis:
         mlflow.set_tag("flyscale.diagnosis", record.history.diagnosis)
+    if record.history.started_from:  # a warm start: the version (or run) and the weights it began from
+        mlflow.set_tag("flyscale.init_from", record.history.started_from)
+    if record.history.stopping:  # early stopping: which epoch's weights these are, and why training ended
+        mlflow.set_tag("flyscale.early_stopping", record.history.stopping)
+        mlflow.log_metric("kept_epoch", record.history.kept_epoch)
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
     for label, model in (("fp32", record.fp32), ("int8", record.int8)):

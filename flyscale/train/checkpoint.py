@@ -301,6 +301,8 @@ class Checkpointer:
             ]
             mine = reshard.rank_state(files, ctx.rank)
         _same_model(path, state)
+        if _holds_best(path):  # early stopping's best epoch so far: room for it, for DCP to fill
+            state.keep_best()
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
         held = state.sharded_state()
         dcp.load(held, checkpoint_id=path / STATE)
@@ -379,6 +381,12 @@ def _same_model(path: Path, state: TrainState) -> None:
             f"{tensor_difference(compared, mine)}. "
             f"Start afresh (recovery.resume: false) or train the model it was written for"
         )
+
+
+def _holds_best(path: Path) -> bool:
+    """Whether the checkpoint holds early stopping's kept weights beside the model."""
+    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
+    return any(k.startswith("best.") for k in metadata)
 
 
 def _position_dict(p: Position) -> dict[str, Any]:

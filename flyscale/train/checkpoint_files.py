@@ -106,12 +106,13 @@ def mirrored_checkpoints(restored: Path) -> list[Path]:
     return found
 
 
-def tensor_difference(saved: list[list], built: list[list]) -> str:
+def tensor_difference(saved: list[list], built: list[list], where: str = "the checkpoint") -> str:
+    """The first tensor, by name, whose [name, shape, dtype] differs between `saved` and `built`."""
     a, b = {s[0]: s[1:] for s in saved}, {s[0]: s[1:] for s in built}
     describe = lambda v: f"{v[1].removeprefix('torch.')} {v[0]}" if v else "absent"  # noqa: E731
     for name in sorted(set(a) | set(b)):
         if a.get(name) != b.get(name):
-            return f"{name} is {describe(a.get(name))} in the checkpoint and {describe(b.get(name))} in this model"
+            return f"{name} is {describe(a.get(name))} in {where} and {describe(b.get(name))} in this model"
     return "the same tensors in another order"
 
 

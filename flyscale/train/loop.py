@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from flyscale.config import TrainConfig
+from flyscale.train import early_stop
 from flyscale.train.batches import Batches
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import DistContext, set_epoch
@@ -46,6 +47,9 @@ class Hooks:
 
     checkpointer: Checkpointer | None = None
     on_epoch: tuple[EpochListener, ...] = ()
+    # A state_dict file of the whole model to start from instead of the fresh weights (a warm
+    # start, model.init_from); a resumed checkpoint goes further, and wins. "" = fresh weights.
+    start: str = ""
 
 
 NO_HOOKS = Hooks()
@@ -192,6 +196,16 @@ def fit(
                     f"micro-batch{'es' if cfg.grad_accum_steps > 1 else ''} a step)"
                 )
             history.epochs = [EpochMetrics(**m) for m in position.history]
+    stopping = cfg.early_stopping
+    if stopping is not None and state is None:
+        raise ValueError(
+            f"train.early_stopping needs the strategy to hand fit its TrainState, to keep the best epoch's "
+            f"weights; strategy {strategy!r} does not"
+        )
+    if hooks.start and not history.resumed_from:
+        if state is None:
+            raise ValueError(f"model.init_from needs the strategy to hand fit its TrainState; {strategy!r} does not")
+        state.load_start(hooks.start)
     steps_per_epoch = len(loader)
     done = [position.step]  # optimizer steps taken so far, over every attempt
 
@@ -262,6 +276,16 @@ def fit(
                         ", ".join(f"{mb:.2f}" for mb in history.state_mb),
                     )
             history.epochs.append(m)
+            verdict = None
+            if stopping is not None and state is not None:
+                if not v_count:
+                    raise ValueError(
+                        "train.early_stopping watches the validation split, and it is empty: raise "
+                        "data.val_fraction, or switch early stopping off"
+                    )
+                verdict = early_stop.judge(history.epochs, stopping)
+                if verdict.best == len(history.epochs) - 1:
+                    state.keep_best()
             clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
             history.diagnosis = diagnose(m, cfg, ctx.world_size, clock) or history.diagnosis
             if bar is not None:
@@ -281,7 +305,17 @@ def fit(
                     m.samples_per_s,
                     100 * m.data_wait_fraction,
                 )
+            if verdict is not None and verdict.stop:  # the same metrics on every rank: all stop together
+                break
     history.steps, history.steps_run = done[0], done[0] - position.step
+    if stopping is not None and state is not None and history.epochs:
+        kept = early_stop.judge(history.epochs, stopping).best
+        if kept != len(history.epochs) - 1:
+            state.restore_best()
+        history.kept_epoch = kept + 1
+        history.stopping = early_stop.sentence(history.epochs, stopping, cfg.epochs)
+        if ctx.is_main:
+            log.info("early stopping: %s", history.stopping)
     if ckpt is not None:
         ckpt.wait()  # the last asynchronous save committed before the model is handed on
         history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving

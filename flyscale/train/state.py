@@ -26,6 +26,35 @@ class TrainState:
     scheduler: Any = None
     scaler: Any = None
     stage: bool = False  # `module` is some of the model's layers, not all
+    # Early stopping: a copy of `module`'s state at the best epoch so far (this rank's part of it,
+    # sharded as the module is), checkpointed with it. None until an epoch has been kept.
+    best: dict[str, torch.Tensor] | None = None
+
+    def keep_best(self) -> None:
+        """Copy what this rank holds of the model as the best epoch's weights."""
+        self.best = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+    def load_start(self, path: str) -> None:
+        """Load the whole model's weights from a state_dict file into what this rank holds of it: all
+        of them, its shards of each (fsdp, tp), or its stage's layers (pipeline)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        whole = torch.load(path, map_location="cpu", weights_only=True)
+        mine = self.module.state_dict()
+        missing = [k for k in mine if k not in whole]
+        if missing or (not self.stage and len(whole) != len(mine)):
+            raise ValueError(f"the starting weights {path} do not fit this model (missing: {missing[:5]})")
+        set_model_state_dict(
+            self.module, {k: whole[k] for k in mine}, options=StateDictOptions(full_state_dict=True, strict=True)
+        )
+
+    @torch.no_grad()
+    def restore_best(self) -> None:
+        """Put the kept weights back into the module, in place (a sharded module stays sharded)."""
+        if self.best is None:
+            raise RuntimeError("restore_best called before any epoch was kept")
+        for name, tensor in self.module.state_dict(keep_vars=True).items():
+            tensor.copy_(self.best[name])
 
     def signature(self) -> list[list]:
         """[name, shape, dtype] of every tensor in the module's state: what 'the same model' means."""
@@ -39,7 +68,10 @@ class TrainState:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model, optimizer = get_state_dict(self.module, self.optimizer)
-        return {"model": model, "optimizer": {"state": optimizer["state"]}}
+        state: dict[str, Any] = {"model": model, "optimizer": {"state": optimizer["state"]}}
+        if self.best is not None:
+            state["best"] = self.best  # DCP loads it in place, resharded like the model
+        return state
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict

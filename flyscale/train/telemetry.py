@@ -82,6 +82,11 @@ class TrainHistory:
     resumed_from_step: int = 0  # the checkpoint's step this attempt resumed from (0: a fresh start)
     resumed_from: str = ""  # that checkpoint's path and where it came from ("" = a fresh start)
     resharded: str = ""  # how a checkpoint of another number of workers was resumed ("" = it was not)
+    # Early stopping: the epoch (from 1) whose weights are handed on, and what it did, in words
+    # (0 and "" when it is off: the last epoch's weights).
+    kept_epoch: int = 0
+    stopping: str = ""
+    started_from: str = ""  # the weights training started from (model.init_from), resolved; "" = fresh ones
     checkpoints_saved: int = 0  # in this attempt
     checkpoint_seconds: float = 0.0  # rank 0's wall time spent writing them
     # Per rank, the MiB of parameters, gradients and optimizer state it holds to train (after the

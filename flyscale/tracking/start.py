@@ -1,0 +1,111 @@
+"""Warm starts (`model.init_from`): the weights a run starts from, fetched from MLflow and held
+to the model this run builds before any data is read, so that a mismatch is refused by name
+instead of surfacing as a shape error inside a worker."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from flyscale.config import ModelConfig
+from flyscale.model import file_sha256
+from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.train.checkpoint_files import tensor_difference
+
+
+class StartError(ValueError):
+    """The weights model.init_from names cannot start this run, and why."""
+
+
+@dataclass(frozen=True)
+class Fetched:
+    weights_path: str  # a state_dict file, as flyscale registers it
+    sha256: str  # of that file: what training's cache keys on
+    source: str  # what init_from named and what it resolved to, for the lineage
+    spec: dict  # the registered model's spec (flyscale/tracking/model_spec.py)
+
+
+def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
+    """Download the model `init_from` names (a registered version, by alias or number, or a
+    run's model) into `into`, and find its PyTorch weights and spec."""
+    import mlflow
+    import yaml
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri)
+    try:
+        if init_from.startswith("models:/"):
+            name, _, ref = init_from.removeprefix("models:/").replace("@", "/@", 1).partition("/")
+            version = (
+                client.get_model_version_by_alias(name, ref[1:])
+                if ref.startswith("@")
+                else client.get_model_version(name, ref)
+            )
+            model_uri = f"models:/{name}/{version.version}"
+            source = f"{init_from}: version {version.version} of {name!r}, from run {version.run_id}"
+        else:
+            run_id, _, model = init_from.removeprefix("runs:/").partition("/")
+            model_uri, source = f"runs:/{run_id}/{model or 'model'}", init_from
+        local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into), tracking_uri=tracking_uri))
+    except MlflowException as exc:
+        raise StartError(
+            f"model.init_from {init_from!r} could not be fetched from MLflow at {tracking_uri}: {exc.message}"
+        ) from None
+    artifacts = yaml.safe_load((local / "MLmodel").read_text())["flavors"].get("python_function", {}).get("artifacts")
+    if not artifacts or "weights" not in artifacts or "spec" not in artifacts:
+        raise StartError(f"model.init_from {init_from!r} ({model_uri}) holds no flyscale weights and spec")
+    spec = json.loads((local / artifacts["spec"]["path"]).read_text())
+    if spec.get("quantizer"):
+        raise StartError(
+            f"model.init_from {init_from!r} is an int8 model (quantizer {spec['quantizer']['name']!r}); "
+            "a run starts from the fp32 model registered beside it (the name without -int8)"
+        )
+    weights = str(local / artifacts["weights"]["path"])
+    return Fetched(weights, file_sha256(weights), source, spec)
+
+
+def check(fetched: Fetched, model: nn.Module, model_cfg: ModelConfig, info: DatasetInfo) -> None:
+    """StartError, naming the difference, unless the fetched weights fit `model` (built on the
+    meta device from this run's config) and were trained on the same inputs."""
+    theirs = as_dataset_info(fetched.spec["info"], f"{fetched.source}'s spec")
+    differs = _input_difference(theirs, info)
+    if differs:
+        raise StartError(f"model.init_from {fetched.source} was trained on other inputs: {differs}")
+    saved = torch.load(fetched.weights_path, map_location="cpu", weights_only=True)
+    have = sorted([k, list(v.shape), str(v.dtype)] for k, v in saved.items())
+    want = sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
+    if have != want:
+        registered = fetched.spec.get("model", {})
+        raise StartError(
+            f"model.init_from {fetched.source} is another architecture than this run builds: "
+            f"{tensor_difference(have, want, 'the starting weights')}. It is model {registered.get('name')!r} "
+            f"with options {registered.get('options')}; this run builds {model_cfg.name!r} with options "
+            f"{model_cfg.options}. Set model to match it, or leave model.init_from empty to start afresh"
+        )
+
+
+def _input_difference(theirs: DatasetInfo, ours: DatasetInfo) -> str:
+    """What differs between the inputs (and classes) two models were trained on; "" for nothing."""
+    a, b = theirs.input(), ours.input()
+    if (a is None) != (b is None):
+        kinds = ["columns of features" if f is None else f"field {f}" for f in (a, b)]
+        return f"it read {kinds[0]}, this run's data gives {kinds[1]}"
+    if a is not None and b is not None and (a.name, a.dtype, list(a.shape)) != (b.name, b.dtype, list(b.shape)):
+        return f"it read {a}, this run's data gives {b}"
+    if a is None and list(theirs.feature_columns) != list(ours.feature_columns):
+        missing = [c for c in theirs.feature_columns if c not in ours.feature_columns]
+        extra = [c for c in ours.feature_columns if c not in theirs.feature_columns]
+        return (
+            f"its {len(theirs.feature_columns)} feature columns are not this run's {len(ours.feature_columns)}"
+            + (f" (missing here: {missing[:5]})" if missing else "")
+            + (f" (new here: {extra[:5]})" if extra else "")
+            + ("" if missing or extra else " (the same columns in another order)")
+        )
+    if theirs.num_classes != ours.num_classes:
+        return f"it predicts {theirs.num_classes} classes, this run's data has {ours.num_classes}"
+    return ""
