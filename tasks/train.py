@@ -30,6 +30,7 @@ from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, save_state
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render.decks import learning_curves_html
+from flyscale.search.study import TrialSpec, reporter
 from flyscale.tracking.live import LiveRun
 from flyscale.tracking.store import run_name
 from flyscale.train import distributed
@@ -92,7 +93,9 @@ class Trained(NamedTuple):
 # Where the live curves go (the store, this execution's start and data version) and how the run
 # recovers from failures are no part of the model. The starting weights enter by their content
 # (`start_sha256`), not by the file's fresh path.
-IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start")
+# A search's trial enters by its key (`trial_key`: its study and number when it may be pruned),
+# not by the storage it reports to, which is new in every execution.
+IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial")
 
 
 def train_job(
@@ -109,6 +112,7 @@ def train_job(
     augment: AugmentConfig = AugmentConfig(),  # noqa: B008 (never mutated)
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (never mutated)
     start: StartWeights = StartWeights(),  # noqa: B008 (never mutated)
+    trial: TrialSpec = TrialSpec(),  # noqa: B008 (never mutated)
 ) -> TrainedModel | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
@@ -122,7 +126,8 @@ def train_job(
         live = None
         if ctx.is_main:
             name = run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
-            live = LiveRun(mlflow_cfg, name, started.started_at, started.execution)
+            tags = {"mlflow.parentRunId": trial.parent_run_id, "flyscale.trial": str(trial.number)}
+            live = LiveRun(mlflow_cfg, name, started.started_at, started.execution, tags if trial.study else None)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
         key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective, start.sha256)
@@ -155,6 +160,8 @@ def train_job(
                 checkpointer=checkpointer,
                 on_epoch=(live.epoch,) if live is not None else (),
                 start=start.weights.download() if start.weights is not None else "",
+                # A search's trial reports each epoch to its study, which may prune it.
+                stop=reporter(trial) if ctx.is_main and trial.key() else None,
             )
             data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
             result = train_fn(model, data, cfg, ctx, options, hooks)
@@ -201,6 +208,8 @@ def train_model(
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     start: StartWeights = StartWeights(),  # noqa: B008 (a Flyte input's default is its value)
     start_sha256: str = "",  # the starting weights' content: what the cache keys on (start is ignored)
+    trial: TrialSpec = TrialSpec(),  # noqa: B008 (a search's trial: where it reports, what prunes it)
+    trial_key: str = "",  # what the cache keys on of the trial (trial is ignored): TrialSpec.key()
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
@@ -220,5 +229,6 @@ def train_model(
         augment=augment,
         objective=objective,
         start=start,
+        trial=trial,
     )
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

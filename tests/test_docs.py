@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "infra").rglob("README.md"))]
 TOPICS = [
     "pipeline", "configuration", "data", "training", "recovery", "caching", "registry", "cluster",
-    "scaling", "plugins", "benchmarks", "architecture", "troubleshooting",
+    "scaling", "experiments", "plugins", "benchmarks", "architecture", "troubleshooting",
 ]  # fmt: skip
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 # A project path named in prose or code: flyscale/train/loop.py, tasks/train.py, configs/quick.yaml ...

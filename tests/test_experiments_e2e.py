@@ -120,3 +120,77 @@ def test_weights_of_another_architecture_are_refused_before_any_data_work(tmp_pa
     assert proc.returncode != 0
     said = proc.stdout + proc.stderr
     assert "is another architecture than this run builds: 0.bias is float32 [256] in the starting weights" in said
+
+
+SEARCH = "search-e2e"
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, mlflow_server):
+    """A study of 4 trials over learning rate and width on the digits preset, run twice."""
+    home = tmp_path_factory.mktemp("home")
+    cfg = {
+        "augment": {"copies": 0},
+        "train": {"epochs": 3, "batch_size": 64},
+        "preflight": {"enabled": False},
+        "mlflow": {"model_name": SEARCH},
+        "search": {
+            "trials": 4,
+            "concurrency": 2,
+            "startup_trials": 1,
+            "space": {
+                "train.lr": {"low": 3e-4, "high": 3e-2, "log": True},
+                "model.options.hidden": {"choices": [[64], [128, 64], [256, 128]]},
+            },
+        },
+    }
+    target = ("workflows/search.py", "hyperparameter_search")
+    env = {**ENV, "MLFLOW_TRACKING_URI": mlflow_server}
+    first = run_pipeline(home, "--cfg", json.dumps(cfg), env=env, target=target)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = run_pipeline(home, "--cfg", json.dumps(cfg), env=env, target=target)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    return first.stdout, again.stdout
+
+
+def _trials(out: str) -> list[tuple[int, bool, str, float, bool]]:
+    """(number, best, state, value, from the cache) of each trial line of the search summary."""
+    found = re.findall(r"^  trial +(\d+)([* ]) (complete|pruned) +val_loss ([\d.]+) (.*)$", out, re.M)
+    return [(int(n), b == "*", s, float(v), rest.endswith("(from the cache)")) for n, b, s, v, rest in found]
+
+
+@pytest.mark.timeout(900)
+def test_a_search_finds_a_config_as_good_as_the_default_in_one_parent_run_and_registers_once(searched, mlflow_server):
+    out, _ = searched
+    trials = _trials(out)
+    assert [t[0] for t in trials] == [0, 1, 2, 3] and not any(t[4] for t in trials)
+    base = trials[0]  # the first trial is the base config, the digits preset's default learning rate and width
+    (best,) = [t for t in trials if t[1]]
+    assert best[2] == "complete" and best[3] <= base[3]
+    assert best[3] == min(t[3] for t in trials if t[2] == "complete")
+    client = MlflowClient(mlflow_server)
+    parent = client.get_run(re.search(r"parent run (\w+)", out).group(1))
+    assert parent.data.tags["flyscale.search"].startswith(f"{SEARCH}-search@")
+    assert parent.info.status == "FINISHED" and parent.data.tags["flyscale.best_trial"] == str(best[0])
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    by_trial = {c.data.tags.get("flyscale.trial") for c in children}
+    assert by_trial == {"0", "1", "2", "3", None}  # a child per trial, and the best config's pipeline run
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "search")} >= {
+        "search/trials.json",
+        "search/best_config.json",
+        "search/studies.db",
+    }
+    versions = client.search_model_versions(f"name='{SEARCH}'")
+    assert len(versions) == 1 and versions[0].run_id == parent.data.tags["flyscale.pipeline_run"]
+
+
+@pytest.mark.timeout(900)
+def test_a_rerun_of_the_study_replays_every_trial_from_the_cache(searched, mlflow_server):
+    out, again = searched
+    assert [(t[0], t[2], t[3]) for t in _trials(again)] == [(t[0], t[2], t[3]) for t in _trials(out)]
+    assert all(t[4] for t in _trials(again))  # every trial's training came from the cache
+    ran, cached = _cache_line(again)
+    assert "train_model" in cached and "train_model" not in ran and "registration is the cached one" in again
+    assert len(MlflowClient(mlflow_server).search_model_versions(f"name='{SEARCH}'")) == 1

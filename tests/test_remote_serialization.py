@@ -98,12 +98,12 @@ def packaged(tmp_path_factory) -> dict[str, dict[str, object]]:
 
 
 def _tasks(specs: dict[str, object]) -> dict[str, TaskSpec]:
-    """The training pipeline's tasks (the scaling study's, tasks/scaling.py, and batch
-    prediction's, tasks/predict.py, are their own)."""
+    """The training pipeline's tasks (the scaling study's, tasks/scaling.py, batch prediction's,
+    tasks/predict.py, and the search's, tasks/search.py, are their own)."""
     return {
         name: spec
         for name, spec in specs.items()
-        if isinstance(spec, TaskSpec) and not name.startswith(("tasks.scaling.", "tasks.predict."))
+        if isinstance(spec, TaskSpec) and not name.startswith(("tasks.scaling.", "tasks.predict.", "tasks.search."))
     }
 
 
@@ -122,6 +122,10 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert "tasks.register.close_failed_run" in specs
     # Batch prediction fans out: its scoring is an array node (a pod per piece on a cluster).
     assert any(n.startswith("tasks.predict.map_score_part") and n.endswith("-arraynode") for n in specs), sorted(specs)
+    # The search: rounds of trials as a dynamic task (each trial the pipeline's training task, a
+    # PyTorchJob on a cluster), then the best config through the training pipeline.
+    search = {n for n in specs if n.startswith("tasks.search.")}
+    assert {"tasks.search.run_trials", "tasks.search.tell_trials", "tasks.search.best_config"} <= search, search
     # A dead worker restarts the group once; a failed attempt is retried, and spot nodes are fine.
     assert custom["elasticConfig"]["maxRestarts"] == 1
     assert train.metadata.retries.retries == 2 and train.metadata.interruptible

@@ -110,9 +110,10 @@ def _documented_fields(text: str) -> set[str]:
 
 def test_the_configuration_reference_lists_every_field_and_variable():
     from flyscale.scaling.config import ScalingConfig
+    from flyscale.search.config import SearchConfig
 
     text = CONFIG_DOC.read_text()
-    fields = _fields(PipelineConfig) + _fields(ScalingConfig, "scaling.")
+    fields = _fields(PipelineConfig) + _fields(ScalingConfig, "scaling.") + _fields(SearchConfig, "search.")
     assert "train.epochs" in fields and "mlflow.lock_stale_s" in fields  # the walk reaches the leaves
     documented = _documented_fields(text)
     missing = [f for f in fields if f not in documented]

@@ -24,7 +24,11 @@ class LiveRun:
     the epoch ends, so the curves grow in the UI while training runs. Best effort: MLflow being
     away costs the live curves (registration logs them afterwards), never the training."""
 
-    def __init__(self, cfg: MlflowConfig, name: str, started_at: float, execution: str):
+    def __init__(
+        self, cfg: MlflowConfig, name: str, started_at: float, execution: str, tags: dict[str, str] | None = None
+    ):
+        """`tags` set on the run, and told apart by: a search's trials share one execution, and
+        each is a child run of the study's (mlflow.parentRunId)."""
         self.run_id, self._client = "", None
         try:
             from mlflow import MlflowClient
@@ -37,7 +41,8 @@ class LiveRun:
                     [experiment],
                     max_results=1,
                     filter_string=f"tags.`{EXECUTION_TAG}` = '{execution}' and tags.`flyscale.live` = 'training' "
-                    f"and attributes.status = 'RUNNING' and attributes.start_time = {int(started_at * 1000)}",
+                    f"and attributes.status = 'RUNNING' and attributes.start_time = {int(started_at * 1000)}"
+                    + "".join(f" and tags.`{k}` = '{v}'" for k, v in (tags or {}).items()),
                 )
                 # The execution tag lets the workflow's failure handler find and close this run.
                 run = (
@@ -47,7 +52,7 @@ class LiveRun:
                         experiment,
                         start_time=int(started_at * 1000),
                         run_name=name,
-                        tags={"flyscale.live": "training", EXECUTION_TAG: execution},
+                        tags={"flyscale.live": "training", EXECUTION_TAG: execution, **(tags or {})},
                     )
                 )
             self.run_id, self._client, self._cfg = run.info.run_id, client, cfg

@@ -50,6 +50,9 @@ class Hooks:
     # A state_dict file of the whole model to start from instead of the fresh weights (a warm
     # start, model.init_from); a resumed checkpoint goes further, and wins. "" = fresh weights.
     start: str = ""
+    # Asked on the main rank after each epoch's listeners: a reason to stop training now (a search
+    # pruning a trial that is behind), or "" to go on. Every rank stops together.
+    stop: Callable[[EpochMetrics], str] | None = None
 
 
 NO_HOOKS = Hooks()
@@ -227,6 +230,7 @@ def fit(
             )
             ckpt.save(state, at, ctx, strategy)
 
+    stopped_by = ""  # why training ended before its last epoch, when something else than early stopping said so
     with train_progress(cfg.epochs, steps_per_epoch, main=ctx.is_main, world_size=ctx.world_size) as bar:
         comm_before = grad_comm_seconds() if grad_comm_seconds else 0.0
         for epoch in range(position.epoch, cfg.epochs):
@@ -307,6 +311,13 @@ def fit(
                 )
             if verdict is not None and verdict.stop:  # the same metrics on every rank: all stop together
                 break
+            if hooks.stop is not None:
+                asked = hooks.stop(m) if ctx.is_main else ""
+                stopped_by = ctx.all_gather_object(asked)[0]  # rank 0's answer, for every rank
+                if stopped_by:
+                    if ctx.is_main:
+                        log.info("%s", stopped_by)
+                    break
     history.steps, history.steps_run = done[0], done[0] - position.step
     if stopping is not None and state is not None and history.epochs:
         kept = early_stop.judge(history.epochs, stopping).best
@@ -316,6 +327,8 @@ def fit(
         history.stopping = early_stop.sentence(history.epochs, stopping, cfg.epochs)
         if ctx.is_main:
             log.info("early stopping: %s", history.stopping)
+    if stopped_by:
+        history.stopping = stopped_by + (f"; {history.stopping.split('; ', 1)[-1]}" if history.stopping else "")
     if ckpt is not None:
         ckpt.wait()  # the last asynchronous save committed before the model is handed on
         history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
