@@ -14,6 +14,7 @@ from benchmarks import (
     bench_overhead,
     bench_pipeline,
     bench_quantize,
+    bench_search,
     bench_serving,
     bench_streaming,
     bench_text,
@@ -41,6 +42,7 @@ if __name__ == "__main__":
         bench_images,
         bench_text,
         bench_gpt,
+        bench_search,
     ):
         bench.main()
         print()

@@ -123,3 +123,22 @@ def test_the_communication_warning_needs_several_workers_and_a_large_share():
     assert diagnose(epoch(0.6), cfg, world_size=2).startswith("communication-bound")
     assert diagnose(epoch(0.6), cfg, world_size=1) == ""  # nobody to talk to: no all-reduce
     assert diagnose(epoch(0.1), cfg, world_size=2) == ""  # where 2 workers matched one process
+
+
+def test_the_diagnosis_rests_on_the_steady_epochs_as_the_scaling_studys_worker_advice_does():
+    """A first epoch busy warming up is not a communication-bound training; the steady epochs'
+    median is what both the diagnosis and the study's throughput (plan.throughput) use."""
+    from flyscale.scaling.plan import throughput
+    from flyscale.train.telemetry import diagnose_epochs
+
+    def epochs(comm: list[float]) -> list[EpochMetrics]:
+        return [EpochMetrics(i, 1.0, None, 1.0, 0.5, 1.0, 1000.0 + i, grad_comm_fraction=c) for i, c in enumerate(comm)]
+
+    cfg = TrainConfig()
+    assert diagnose_epochs(epochs([0.9, 0.1, 0.12, 0.08]), cfg, world_size=2) == ""  # only warm-up was busy
+    said = diagnose_epochs(epochs([0.1, 0.4, 0.5, 0.45, 0.2]), cfg, world_size=2)
+    assert said.startswith(
+        "communication-bound: gradient all-reduces are in flight 43% of each step (median of 4 epochs"
+    )
+    assert "quartiles 35%-46%" in said and "(1,002 samples/s)" in said  # the same median epoch the study takes
+    assert throughput([m.samples_per_s for m in epochs([0.1] * 5)])[0] == 1002.5

@@ -15,6 +15,7 @@ import numpy as np
 
 from flyscale.config import ModelConfig
 from flyscale.scaling.config import DEPTH, WIDTH, ScalingConfig, point_model
+from flyscale.train.telemetry import steady
 
 
 @dataclass
@@ -105,12 +106,8 @@ class ScalingPoint:
 
 def throughput(samples_per_s: list[float]) -> tuple[float, float, float]:
     """Training throughput of a run: the median epoch after the first (which pays for warm-up),
-    and the quartiles of those epochs."""
-    steady = samples_per_s[1:] or samples_per_s
-    if not steady:
-        return 0.0, 0.0, 0.0
-    low, median, high = np.percentile(steady, [25, 50, 75])
-    return float(median), float(low), float(high)
+    and the quartiles of those epochs; the same epochs the training's diagnosis rests on."""
+    return steady(samples_per_s)
 
 
 def on_axis(points: list[ScalingPoint], axis: str) -> list[ScalingPoint]:

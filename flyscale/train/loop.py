@@ -25,7 +25,7 @@ from flyscale.train.telemetry import (
     EpochMetrics,
     InFlight,
     TrainHistory,
-    diagnose,
+    diagnose_epochs,
     epoch_metrics,
     state_bytes,
 )
@@ -290,8 +290,6 @@ def fit(
                 verdict = early_stop.judge(history.epochs, stopping)
                 if verdict.best == len(history.epochs) - 1:
                     state.keep_best()
-            clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
-            history.diagnosis = diagnose(m, cfg, ctx.world_size, clock) or history.diagnosis
             if bar is not None:
                 bar.end_epoch(m.samples_per_s)
             if ctx.is_main:
@@ -319,6 +317,9 @@ def fit(
                         log.info("%s", stopped_by)
                     break
     history.steps, history.steps_run = done[0], done[0] - position.step
+    # From the steady epochs' medians, as the scaling study's worker advice is (telemetry.steady).
+    clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
+    history.diagnosis = diagnose_epochs(history.epochs, cfg, ctx.world_size, clock)
     if stopping is not None and state is not None and history.epochs:
         kept = early_stop.judge(history.epochs, stopping).best
         if kept != len(history.epochs) - 1:

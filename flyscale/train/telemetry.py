@@ -4,6 +4,7 @@ with the knob to turn when the input pipeline or the gradients' all-reduce sets 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 import threading
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -166,10 +168,54 @@ class InFlight:
             return self._total
 
 
-def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1, comm: InFlight | None = None) -> str:
+def steady(values: list[float]) -> tuple[float, float, float]:
+    """(median, lower quartile, upper quartile) of a per-epoch rate over the epochs after the first,
+    which pays for warm-up (or the first alone). The training diagnosis and the scaling study's
+    worker advice both rest on it, so that one run never says two things."""
+    kept = values[1:] or values
+    if not kept:
+        return 0.0, 0.0, 0.0
+    low, median, high = np.percentile(kept, [25, 50, 75])
+    return float(median), float(low), float(high)
+
+
+def diagnose_epochs(
+    epochs: list[EpochMetrics], cfg: TrainConfig, world_size: int = 1, comm: InFlight | None = None
+) -> str:
+    """The diagnosis of a whole training: `diagnose` on the steady epochs' medians, with their
+    spread where there are several."""
+    if not epochs:
+        return ""
+    rates = {
+        name: steady([getattr(m, name) for m in epochs])
+        for name in ("data_wait_fraction", "grad_comm_fraction", "samples_per_s")
+    }
+    typical = dataclasses.replace(
+        epochs[-1],
+        data_wait_fraction=rates["data_wait_fraction"][0],
+        grad_comm_fraction=rates["grad_comm_fraction"][0],
+        samples_per_s=rates["samples_per_s"][0],
+    )
+    counted = len(epochs[1:] or epochs)
+    spread = {
+        name: f" (median of {counted} epochs, quartiles {r[1]:.0%}-{r[2]:.0%})" if counted > 2 else ""
+        for name, r in rates.items()
+    }
+    return diagnose(typical, cfg, world_size, comm, spread)
+
+
+def diagnose(
+    m: EpochMetrics,
+    cfg: TrainConfig,
+    world_size: int = 1,
+    comm: InFlight | None = None,
+    spread: dict[str, str] | None = None,
+) -> str:
     """Name the knob to turn when the input pipeline or communication (`comm`'s collectives;
-    the gradients' all-reduce when None), not the model, sets the pace; "" when neither does."""
+    the gradients' all-reduce when None), not the model, sets the pace; "" when neither does.
+    `spread`: what each fraction rests on, said after it."""
     found = []
+    said = spread or {}
     if m.data_wait_fraction >= DATA_WAIT_WARNING:
         hint = (
             f"raise train.num_workers (now {cfg.num_workers})"
@@ -177,12 +223,14 @@ def diagnose(m: EpochMetrics, cfg: TrainConfig, world_size: int = 1, comm: InFli
             else "raise train.num_workers or train.prefetch_factor, or set train.persistent_workers"
         )
         found.append(
-            f"input-bound: {m.data_wait_fraction:.0%} of each epoch waits for data, so the accelerator idles; {hint}"
+            f"input-bound: {m.data_wait_fraction:.0%} of each epoch waits for data"
+            f"{said.get('data_wait_fraction', '')}, so the accelerator idles; {hint}"
         )
     if world_size > 1 and m.grad_comm_fraction >= COMM_WARNING:
         found.append(
             f"communication-bound: {comm.what if comm else 'gradient all-reduces'} are in flight "
-            f"{m.grad_comm_fraction:.0%} of each step on {world_size} workers ({m.samples_per_s:,.0f} samples/s), so "
+            f"{m.grad_comm_fraction:.0%} of each step{said.get('grad_comm_fraction', '')} on {world_size} workers "
+            f"({m.samples_per_s:,.0f} samples/s), so "
             f"at this model size and batch one process with the same cores may train faster; preflight.enabled: true "
             f"measures both and says. Knobs: {comm.knobs(cfg) if comm else data_parallel_knobs(cfg)}"
         )
