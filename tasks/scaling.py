@@ -182,6 +182,7 @@ def training_task(workers: int):
                 epochs=len(history.epochs),
                 mlflow_run_id=history.mlflow_run_id,
                 trained_at=run.started_at,
+                diagnosis=history.diagnosis,
             )
 
     body.__name__ = body.__qualname__ = f"train_point_{workers}w"  # the task's name: tasks.scaling.train_point_2w

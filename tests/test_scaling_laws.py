@@ -5,6 +5,7 @@ the plan of a study, its nested subsets, its config, and the model-size options 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -299,6 +300,24 @@ def test_workers_are_added_while_every_count_stays_efficient():
     assert worker_advice(_workers({1: 1000.0, 2: 1900.0, 4: 3600.0}), 0.7).workers == 4
     # A dip stops the count even if a later one recovers: efficiency must hold all the way up.
     assert worker_advice(_workers({1: 1000.0, 2: 1000.0, 4: 3600.0}), 0.7).workers == 1
+
+
+def test_the_advice_answers_a_communication_bound_training_instead_of_contradicting_it():
+    """The issue seen: a study recommended 2 workers while its training at 2 workers warned it was
+    communication-bound. Both now rest on the same steady epochs, and the advice says what it makes
+    of the warning, whichever way it goes."""
+    bound = "communication-bound: gradient all-reduces are in flight 48% of each step on 2 workers"
+    pays = _workers({1: 1000.0, 2: 1800.0})
+    pays[1] = dataclasses.replace(pays[1], diagnosis=bound)
+    advice = worker_advice(pays, min_efficiency=0.7)
+    assert advice.workers == 2
+    assert "the training on 2 worker(s) found its collectives in flight much of each step" in advice.sentence
+    assert "the speed-up measured over the same epochs is what that costs, and it still pays" in advice.sentence
+    slow = _workers({1: 1000.0, 2: 1100.0})
+    slow[1] = dataclasses.replace(slow[1], diagnosis=bound)
+    advice = worker_advice(slow, min_efficiency=0.7)
+    assert advice.workers == 1 and "the training on 2 worker(s) was communication-bound, which is" in advice.sentence
+    assert "found its collectives" not in worker_advice(_workers({1: 1000.0, 2: 1800.0}), 0.7).sentence
 
 
 def test_efficiency_is_against_the_fewest_workers_measured():

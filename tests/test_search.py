@@ -26,7 +26,7 @@ from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 SPACE = {
     "train.lr": {"low": 1e-4, "high": 1e-1, "log": True},
     "train.batch_size": {"low": 16, "high": 128, "step": 16},
-    "model.options.hidden": {"choices": [[64], [128, 64]]},
+    "model.options.hidden": {"choices": [[64], [256, 128]]},
 }
 
 
@@ -60,10 +60,10 @@ def test_the_same_study_asks_the_same_trials_the_first_being_the_base_config(tmp
     cfg = _cfg(trials=4, seed=3)
     first, again = _ask(tmp_path, cfg, "s@1", 4), _ask(tmp_path, cfg, "s@2", 4)
     assert [t.params for t in first] == [t.params for t in again]  # what lets a rerun come from the cache
-    assert first[0].params == {"train.lr": "0.002", "train.batch_size": "32", "model.options.hidden": "[128, 64]"}
+    assert first[0].params == {"train.lr": "0.002", "train.batch_size": "32", "model.options.hidden": "[256, 128]"}
     configs = [study.trial_config(cfg, t) for t in first]
     assert all(isinstance(c.train.batch_size, int) and c.train.batch_size % 16 == 0 for c in configs)
-    assert all(c.model.options["hidden"] in ([64], [128, 64]) for c in configs)
+    assert all(c.model.plugin.options.hidden in ([64], [256, 128]) for c in configs)
     assert len({c.train.lr for c in configs}) == 4
     assert first[1].key() == "s#1" and TrialSpec(study="s@1", number=1, pruner="none").key() == ""
     assert _ask(tmp_path, _cfg(trials=4, seed=4), "s@3", 4)[1].params != first[1].params  # another seed

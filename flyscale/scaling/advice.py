@@ -228,7 +228,30 @@ def worker_advice(points: list[ScalingPoint], min_efficiency: float) -> WorkerAd
         else ""
     )
     name = "one worker" if chosen == 1 else f"{chosen} workers"
-    return WorkerAdvice(True, chosen, f"workers: use {name}: {why} (measured {shown}){doubt}", min_efficiency, table)
+    said = f"workers: use {name}: {why} (measured {shown}){doubt}{_bound_by_communication(by_count, chosen)}"
+    return WorkerAdvice(True, chosen, said, min_efficiency, table)
+
+
+def _bound_by_communication(by_count: dict[int, list[ScalingPoint]], chosen: int) -> str:
+    """What the advice makes of the trainings that said they were communication-bound, which rest
+    on the same epochs as the throughput: where it recommends their count, the measured speed-up
+    already pays for the collectives; where it does not, they are why."""
+    flagged = sorted(n for n, ps in by_count.items() if n > 1 and any("communication-bound" in p.diagnosis for p in ps))
+    kept = [n for n in flagged if n <= chosen]
+    dropped = [n for n in flagged if n > chosen]
+    out = ""
+    if kept:
+        out += (
+            f"; the training on {', '.join(map(str, kept))} worker(s) found its collectives in flight much of "
+            f"each step (communication-bound), but they overlap the computation: the speed-up measured over "
+            f"the same epochs is what that costs, and it still pays"
+        )
+    if dropped:
+        out += (
+            f"; the training on {', '.join(map(str, dropped))} worker(s) was communication-bound, which is "
+            f"where the efficiency goes"
+        )
+    return out
 
 
 @dataclass

@@ -91,6 +91,9 @@ class ScalingPoint:
     epochs: int = 0
     mlflow_run_id: str = ""  # the run training logged its live curves to
     trained_at: float = 0.0  # when its training ran (before this execution: from the cache)
+    # What its training said held it back (telemetry.diagnose_epochs), from the same steady epochs
+    # as samples_per_s: the worker advice answers it rather than contradicting it.
+    diagnosis: str = ""
 
     def __post_init__(self):
         # Measurements arrive as numpy scalars as often as not; a task boundary takes Python's only.

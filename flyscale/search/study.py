@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyscale.search.config import Param, SearchConfig, SearchStudyConfig, plain, with_value
+from flyscale.config.flatten import effective
+from flyscale.search.config import Param, SearchConfig, SearchStudyConfig, with_value
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,10 @@ def create(cfg: SearchStudyConfig, study: str, storage: str) -> None:
             made.enqueue_trial(base)
 
 
-def load(study: str, storage: str, search: SearchConfig | None = None, spec: TrialSpec | None = None) -> Any:
+def load(
+    study: str, storage: str, search: SearchConfig | None = None, spec: TrialSpec | None = None, offset: int = 0
+) -> Any:
+    """The study from its storage, with the search's sampler (seeded `offset` on) or the trial's pruner."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -87,17 +91,18 @@ def load(study: str, storage: str, search: SearchConfig | None = None, spec: Tri
     return optuna.load_study(
         study_name=study,
         storage=storage,
-        sampler=sampler(search) if search is not None else None,
+        sampler=sampler(search, offset) if search is not None else None,
         pruner=chosen,
     )
 
 
-def sampler(cfg: SearchConfig) -> Any:
+def sampler(cfg: SearchConfig, offset: int = 0) -> Any:
     import optuna
 
+    seed = cfg.seed * 100_003 + offset  # distinct for every (seed, trials asked so far)
     if cfg.sampler == "random":
-        return optuna.samplers.RandomSampler(seed=cfg.seed)
-    return optuna.samplers.TPESampler(seed=cfg.seed, n_startup_trials=min(4, cfg.trials))
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(4, cfg.trials))
 
 
 def pruner(name: str, warmup_epochs: int, startup_trials: int) -> Any:
@@ -128,9 +133,12 @@ def ask(cfg: SearchStudyConfig, study: str, storage: str, count: int, parent_run
     """The next `count` trials of the study (fewer when the study has asked for all it may)."""
     import optuna
 
-    made = load(study, storage, cfg.search)
+    counted = load(study, storage)
     # An enqueued trial (the base config) waits to be asked: it is not asked yet.
-    asked = sum(t.state != optuna.trial.TrialState.WAITING for t in made.get_trials(deepcopy=False))
+    asked = sum(t.state != optuna.trial.TrialState.WAITING for t in counted.get_trials(deepcopy=False))
+    # Each round is a new process with a new sampler: seeded by where the study stands, so that a
+    # round does not draw what the last one drew, and a rerun draws what this one did.
+    made = load(study, storage, cfg.search, offset=asked)
     out = []
     for _ in range(max(0, min(count, cfg.search.trials - asked))):
         trial = made.ask(fixed_distributions=distributions(cfg.search.space))
@@ -231,8 +239,9 @@ def best(results: list[TrialResult], direction: str) -> TrialResult:
 
 
 def _base_values(cfg: SearchStudyConfig) -> dict[str, Any]:
-    """The base config's value of each searched path that the space holds."""
-    data = plain(cfg.base())
+    """The base config's value of each searched path that the space holds (a plugin option the
+    preset leaves out has the plugin's default)."""
+    data = json.loads(json.dumps(effective(cfg.base())))
     out: dict[str, Any] = {}
     for path, p in cfg.search.space.items():
         node: Any = data
