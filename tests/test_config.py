@@ -44,6 +44,11 @@ def test_every_preset_loads_and_validates(preset):
         from flyscale.scaling.config import ScalingConfig
 
         ScalingConfig(**raw.pop("scaling"))
+    if "search" in raw:  # a search's preset: a pipeline preset plus its space, each end of it a valid config
+        from flyscale.search.config import SearchStudyConfig
+
+        assert SearchStudyConfig.from_dict(raw).search.space
+        raw.pop("search")
     cfg = from_dict(raw)
     found = effective(cfg)  # plugin options with their defaults filled in
     for section, values in raw.items():
