@@ -13,6 +13,7 @@ from pathlib import Path
 from flytekit import dynamic, task
 from flytekit.types.error import FlyteError
 
+from flyscale.cluster.launchers import local_execution
 from flyscale.config import PipelineConfig
 from flyscale.config.flatten import effective, flatten
 from flyscale.data.shards import Shards
@@ -47,7 +48,7 @@ def open_study(cfg: SearchStudyConfig, started: TaskRun) -> Study:
     """A fresh Optuna study for this execution (a rerun asks the same trials, which the cache
     then replays) and its MLflow parent run."""
     name = f"{cfg.study_name()}@{started.execution or 'local'}-{int(started.started_at)}"
-    storage = study.storage_url(cfg.search, Path.home() / ".flyscale" / "studies")
+    storage = study.storage_url(cfg.search, Path.home() / ".flyscale" / "studies", local=local_execution())
     study.create(cfg, name, storage)
     opened = time.time()
     return Study(name, storage, report.open_parent(cfg, name, started.started_at), opened)

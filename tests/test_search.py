@@ -113,3 +113,12 @@ def test_a_pruned_trial_stops_training_there_and_says_why():
     )
     assert seen == [0, 1] and len(result.history.epochs) == 2
     assert result.history.stopping == "pruned by the search after epoch 2"
+
+
+def test_a_cluster_search_needs_a_storage_every_pod_reaches(tmp_path):
+    cfg = _cfg()
+    assert study.storage_url(cfg.search, tmp_path).startswith("sqlite:///")
+    with pytest.raises(ValueError, match="search.storage is not set, and on a cluster each trial trains in a pod"):
+        study.storage_url(cfg.search, tmp_path, local=False)
+    shared = _cfg(storage="postgresql://optuna@db/optuna")
+    assert study.storage_url(shared.search, tmp_path, local=False) == "postgresql://optuna@db/optuna"

@@ -59,10 +59,17 @@ class TrialResult:
     stopping: str = ""
 
 
-def storage_url(cfg: SearchConfig, home: Path) -> str:
-    """The storage every trial reports to: the configured URL, or a SQLite file under `home`."""
+def storage_url(cfg: SearchConfig, home: Path, local: bool = True) -> str:
+    """The storage every trial reports to: the configured URL, or (`local` runs only) a SQLite
+    file under `home`."""
     if cfg.storage:
         return cfg.storage
+    if not local:
+        raise ValueError(
+            "search.storage is not set, and on a cluster each trial trains in a pod of its own, which cannot "
+            "reach a SQLite file in this one: set search.storage to an Optuna storage URL every pod reaches "
+            "(e.g. postgresql://user:password@host/optuna)"
+        )
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'studies.db'}"
 
