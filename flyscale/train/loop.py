@@ -317,6 +317,11 @@ def fit(
                         log.info("%s", stopped_by)
                     break
     history.steps, history.steps_run = done[0], done[0] - position.step
+    if ckpt is not None:
+        # The last asynchronous save committed before the model is handed on, and before the best
+        # epoch's weights are put back in place of the ones it is writing.
+        ckpt.wait()
+        history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
     # From the steady epochs' medians, as the scaling study's worker advice is (telemetry.steady).
     clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
     history.diagnosis = diagnose_epochs(history.epochs, cfg, ctx.world_size, clock)
@@ -330,9 +335,6 @@ def fit(
             log.info("early stopping: %s", history.stopping)
     if stopped_by:
         history.stopping = stopped_by + (f"; {history.stopping.split('; ', 1)[-1]}" if history.stopping else "")
-    if ckpt is not None:
-        ckpt.wait()  # the last asynchronous save committed before the model is handed on
-        history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
     if history.diagnosis and ctx.is_main:
         log.warning("%s", history.diagnosis)
     return history
