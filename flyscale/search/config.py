@@ -123,10 +123,10 @@ def with_value(base: PipelineConfig, values: dict[str, Any], where: str = "") ->
         *parents, leaf = path.split(".")
         node = data
         for key in parents:
-            if not isinstance(node.get(key), dict):
-                node[key] = {} if node.get(key) is None else node[key]
-                if not isinstance(node[key], dict):
-                    raise ConfigError(f"{where or path}: {key!r} is not a section or a mapping of options")
+            if node.get(key) is None:  # options left empty, or a section's optional mapping
+                node[key] = {}
+            if not isinstance(node[key], dict):
+                raise ConfigError(f"{where or path}: {key!r} is not a section or a mapping of options")
             node = node[key]
         node[leaf] = value
     try:

@@ -87,10 +87,8 @@ def create(cfg: SearchStudyConfig, study: str, storage: str) -> None:
             made.enqueue_trial(base)
 
 
-def load(
-    study: str, storage: str, search: SearchConfig | None = None, spec: TrialSpec | None = None, offset: int = 0
-) -> Any:
-    """The study from its storage, with the search's sampler (seeded `offset` on) or the trial's pruner."""
+def load(study: str, storage: str, search: SearchConfig | None = None, spec: TrialSpec | None = None) -> Any:
+    """The study from its storage, with the search's sampler or the trial's pruner."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -98,7 +96,7 @@ def load(
     return optuna.load_study(
         study_name=study,
         storage=storage,
-        sampler=sampler(search, offset) if search is not None else None,
+        sampler=sampler(search) if search is not None else None,
         pruner=chosen,
     )
 
@@ -140,12 +138,12 @@ def ask(cfg: SearchStudyConfig, study: str, storage: str, count: int, parent_run
     """The next `count` trials of the study (fewer when the study has asked for all it may)."""
     import optuna
 
-    counted = load(study, storage)
+    made = load(study, storage)
     # An enqueued trial (the base config) waits to be asked: it is not asked yet.
-    asked = sum(t.state != optuna.trial.TrialState.WAITING for t in counted.get_trials(deepcopy=False))
+    asked = sum(t.state != optuna.trial.TrialState.WAITING for t in made.get_trials(deepcopy=False))
     # Each round is a new process with a new sampler: seeded by where the study stands, so that a
     # round does not draw what the last one drew, and a rerun draws what this one did.
-    made = load(study, storage, cfg.search, offset=asked)
+    made.sampler = sampler(cfg.search, asked)
     out = []
     for _ in range(max(0, min(count, cfg.search.trials - asked))):
         trial = made.ask(fixed_distributions=distributions(cfg.search.space))

@@ -65,18 +65,19 @@ def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
     import json
 
     import mlflow
-    import yaml
+
+    from flyscale.tracking.model_spec import artifact_files
 
     local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into)))
-    artifacts = yaml.safe_load((local / "MLmodel").read_text())["flavors"]["python_function"].get("artifacts", {})
-    if "spec" not in artifacts:
+    files = artifact_files(local)
+    if "spec" not in files:
         raise BatchPredictError(f"{model_uri} carries no flyscale spec: it was not registered by flyscale")
-    serving = artifacts.get("serving")
-    if serving and json.loads((local / serving["path"]).read_text()).get("output") == "text":
+    serving = files.get("serving")
+    if serving and json.loads(serving.read_text()).get("output") == "text":
         raise BatchPredictError(
             f"{model_uri} is a language model (prompts in, text out): batch prediction scores examples"
         )
-    spec = json.loads((local / artifacts["spec"]["path"]).read_text())
+    spec = json.loads(files["spec"].read_text())
     return mlflow.pyfunc.load_model(str(local)), as_dataset_info(spec["info"], f"{model_uri}'s spec")
 
 

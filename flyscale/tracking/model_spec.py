@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -54,3 +55,12 @@ def objective_of(spec: dict, tokenizer_json: str = "") -> tuple[Any, ObjectiveCo
     given = spec.get("objective") or {"name": "classification", "options": {}}
     info = as_dataset_info(spec["info"], "the registered model's spec")
     return of(ObjectiveConfig(**given)), ObjectiveContext(info, tokenizer_json=tokenizer_json)
+
+
+def artifact_files(model_dir: Path) -> dict[str, Path]:
+    """The files a downloaded MLflow model carries as its pyfunc artifacts (weights, spec,
+    tokenizer, onnx, serving ...), by name, as its MLmodel lists them; empty for a model with none."""
+    import yaml
+
+    flavor = yaml.safe_load((model_dir / "MLmodel").read_text())["flavors"].get("python_function", {})
+    return {name: model_dir / a["path"] for name, a in (flavor.get("artifacts") or {}).items()}

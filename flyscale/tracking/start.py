@@ -14,6 +14,7 @@ from torch import nn
 from flyscale.config import ModelConfig
 from flyscale.model import file_sha256
 from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.tracking.model_spec import artifact_files
 from flyscale.train.checkpoint_files import tensor_difference
 
 
@@ -33,7 +34,6 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
     """Download the model `init_from` names (a registered version, by alias or number, or a
     run's model) into `into`, and find its PyTorch weights and spec."""
     import mlflow
-    import yaml
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
@@ -56,16 +56,16 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
         raise StartError(
             f"model.init_from {init_from!r} could not be fetched from MLflow at {tracking_uri}: {exc.message}"
         ) from None
-    artifacts = yaml.safe_load((local / "MLmodel").read_text())["flavors"].get("python_function", {}).get("artifacts")
-    if not artifacts or "weights" not in artifacts or "spec" not in artifacts:
+    files = artifact_files(local)
+    if "weights" not in files or "spec" not in files:
         raise StartError(f"model.init_from {init_from!r} ({model_uri}) holds no flyscale weights and spec")
-    spec = json.loads((local / artifacts["spec"]["path"]).read_text())
+    spec = json.loads(files["spec"].read_text())
     if spec.get("quantizer"):
         raise StartError(
             f"model.init_from {init_from!r} is an int8 model (quantizer {spec['quantizer']['name']!r}); "
             "a run starts from the fp32 model registered beside it (the name without -int8)"
         )
-    weights = str(local / artifacts["weights"]["path"])
+    weights = str(files["weights"])
     return Fetched(weights, file_sha256(weights), source, spec)
 
 
