@@ -2,7 +2,8 @@
 # The image every flyscale Flyte task runs in (locally built, pushed, then passed
 # to `pyflyte run --remote --image ...` / `pyflyte register --image ...`).
 #
-# CPU build (default): requirements.lock, which pins torch==2.13.0+cpu from the CPU index.
+# CPU build (default): requirements.lock pins torch==2.13.0 (compiled against the CPU build: no
+# nvidia-* wheels); the CPU index below serves 2.13.0+cpu, which satisfies that pin and wins.
 #   docker build -t <registry>/flyscale:<tag> .
 # GPU build: requirements-cuda.lock (`make lock-cuda`) pins PyPI's torch==2.13.0, the CUDA 13
 # build, whose CUDA libraries come as nvidia-* wheels: no CUDA base image is needed, only GPU

@@ -64,11 +64,15 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix $(LINTED)
 
 # Recompile the lock after changing pyproject.toml or lock-constraints.txt (needs `pip install uv`).
-# --find-links is where pip's configuration on our machines keeps the CPU torch wheel.
+# It is compiled against the CPU build (torch==X+cpu, found in TORCH_WHEELS), so that it lists none
+# of the CUDA build's nvidia-* wheels; then torch is pinned as ==X, which the public index has
+# (a local +cpu version is on no public index, and satisfies ==X where pip can find one).
+TORCH_WHEELS ?= /opt/wheels
 lock:
 	uv pip compile pyproject.toml --extra dev -c lock-constraints.txt \
-	  --find-links /opt/wheels --python-version 3.11 --no-header --no-emit-find-links \
+	  --find-links $(TORCH_WHEELS) --python-version 3.11 --no-header --no-emit-find-links \
 	  -o requirements.lock
+	sed -i -E 's/^torch==([^+]+)\+cpu$$/torch==\1/' requirements.lock
 
 # The GPU image's lock (Dockerfile: --build-arg LOCK_FILE=requirements-cuda.lock). Run after `make lock`:
 # every pin of requirements.lock but torch is a constraint here, so the two locks agree on all they

@@ -57,7 +57,13 @@ NNODES = Setting(
     "nodes (pods) of the training job on a cluster, or a range MIN:MAX (elastic: it trains on as few as MIN); "
     "a local run uses one",
 )
-NPROC_PER_NODE = Setting("FLYSCALE_NPROC_PER_NODE", "2", "training worker processes per node")
+NPROC_PER_NODE = Setting(
+    "FLYSCALE_NPROC_PER_NODE",
+    "auto",
+    "training worker processes per node: a number, or `auto`: locally, the preflight times one process "
+    "against 2 workers on the real model and batch and training takes the faster (the global batch kept); "
+    "on a cluster, 2",
+)
 MAX_RESTARTS = Setting(
     "FLYSCALE_MAX_RESTARTS",
     "1",

@@ -23,6 +23,7 @@ from flyscale.cluster.launchers import (
     planned_world_size,
     training_launcher,
     training_resources,
+    workers_auto,
 )
 from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TokenizeConfig, TrainConfig
 from flyscale.data import source
@@ -39,8 +40,8 @@ from flyscale.train import distributed, preflight
 from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.preflight import PreflightReport
+from flyscale.train.strategies import any_worker_count, strategy, wants_meta_model
 from flyscale.train.strategies import check_model as check_against_strategy
-from flyscale.train.strategies import strategy, wants_meta_model
 from tasks.common import SMALL, task_options
 from tasks.records import ModelCheck, StartWeights
 
@@ -120,10 +121,19 @@ class PreflightLauncher(LocalSafeElastic):
     """The training launcher, for a task that starts no workers when the check is switched off."""
 
 
+def choosing_workers(cfg: TrainConfig) -> bool:
+    """Whether the preflight times one process against the worker group for `auto` to choose:
+    the processes per node are `auto`, and the training's strategy trains the same model on any
+    count. (In a pod the training keeps its registered count, whatever the report says.)"""
+    return workers_auto() and any_worker_count(cfg)
+
+
 class PreflightElasticTask(LocalSafeElasticTask):
     def execute(self, **kwargs):
-        # The workflow is static, so this task always runs; off, it costs no worker start-up.
-        if not kwargs["preflight_cfg"].enabled:
+        # The workflow is static, so this task always runs; with nothing to check or choose, it
+        # costs no worker start-up.
+        choose = local_execution() and choosing_workers(kwargs["cfg"])
+        if not kwargs["preflight_cfg"].enabled and not choose:
             return Checked(PreflightReport.skipped(), TaskRun.start("preflight_check"))
         return super().execute(**kwargs)
 
@@ -154,7 +164,8 @@ def preflight_check(
     preflight_cfg: PreflightConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Checked:
-    """Fail fast, with the numbers, if N workers do not compute what one process computes."""
+    """Fail fast, with the numbers, if N workers do not compute what one process computes; with
+    FLYSCALE_NPROC_PER_NODE=auto, say whether one process or the N workers train faster."""
     run = TaskRun.start("preflight_check")
     with distributed.process_group() as ctx:
         train_fn, options = strategy(cfg)
@@ -166,6 +177,7 @@ def preflight_check(
             ctx,
             train_fn,
             options,
+            choose=choosing_workers(cfg),
         )
         # The report is rank 0's (the other ranks get None).
         return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if report is not None else None)

@@ -64,8 +64,10 @@ def run_trials(
     info: DatasetInfo,
     fingerprint: DataFingerprint,
     started: TaskRun,
+    preflight: PreflightReport = PreflightReport.skipped(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> list[TrialResult]:
-    """One round: ask for the next trials, train each, tell the study; then the next round."""
+    """One round: ask for the next trials, train each, tell the study; then the next round. Every
+    trial trains on the workers the base config's preflight chose (FLYSCALE_NPROC_PER_NODE=auto)."""
     specs = study.ask(cfg, at.name, at.storage, cfg.search.concurrency, at.parent_run_id)
     if not specs:
         return done
@@ -78,7 +80,7 @@ def run_trials(
             info=info,
             model_cfg=trial.model,
             cfg=trial.train,
-            preflight=PreflightReport.skipped(),
+            preflight=preflight,
             fingerprint=fingerprint,
             started=started,
             mlflow_cfg=trial.mlflow,
@@ -87,12 +89,21 @@ def run_trials(
             objective=trial.objective,
             trial=spec,
             trial_key=spec.key(),
+            workers=preflight.workers,
         )
         trained.append(model)
         runs.append(run)
     told = tell_trials(cfg=cfg, at=at, specs=specs, trained=trained, runs=runs, done=done, started=started)
     return run_trials(
-        cfg=cfg, at=at, done=told, train=train, val=val, info=info, fingerprint=fingerprint, started=started
+        cfg=cfg,
+        at=at,
+        done=told,
+        train=train,
+        val=val,
+        info=info,
+        fingerprint=fingerprint,
+        started=started,
+        preflight=preflight,
     )
 
 

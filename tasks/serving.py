@@ -42,8 +42,6 @@ def load_test_model(
     plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
     if not cfg.loadtest:
         return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())
-    import mlflow
-
     from flyscale.serving import study
     from flyscale.serving.repository import Batching
     from flyscale.tracking import run_log
@@ -59,7 +57,7 @@ def load_test_model(
         onnx_path=export if exported.format == "onnx" else "",
         program_path=export if exported.format == "pt2" else "",
     )
-    mlflow.pyfunc.save_model(str(tmp / "model"), **run_log.model_args(files, "model", str(tmp)))
+    run_log.save_model(files, str(tmp / "model"), str(tmp))
     target = study.local_target(tmp / "model", "candidate")
     batching = Batching(cfg.max_batch_size, cfg.max_delay_ms)
     (report,) = study.run(target, [cfg.setup], cfg.levels, cfg.requests, batching, Path(cfg.envs).expanduser())

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -15,9 +12,11 @@ from flytekit.types.file import FlyteFile
 from flyscale.cluster.launchers import (
     launcher_environment,
     launcher_facts,
+    processes_per_node,
     training_launcher,
     training_resources,
     training_retries,
+    workers_auto,
 )
 from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
 from flyscale.config import AugmentConfig, MlflowConfig, ModelConfig, ObjectiveConfig, RecoveryConfig, TrainConfig
@@ -38,9 +37,9 @@ from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.loop import Hooks
-from flyscale.train.preflight import PreflightReport, global_batch
-from flyscale.train.run_dirs import claimed_directory, prune, training_key
-from flyscale.train.strategies import reshards, strategy, wants_meta_model
+from flyscale.train.preflight import PreflightReport, global_batch, keep_global_batch
+from flyscale.train.run_dirs import prune, restart_directory, training_key
+from flyscale.train.strategies import any_worker_count, reshards, strategy, wants_meta_model
 from tasks.common import DECKS, task_options
 from tasks.records import StartWeights, TrainedModel
 
@@ -75,13 +74,17 @@ def identity(
     )
 
 
-@contextlib.contextmanager
-def restart_directory(ctx: distributed.DistContext, base: str, key: str, owner: str) -> Iterator[Path]:
-    """The run directory every rank checkpoints in: rank 0 claims it (see run_dirs) and holds
-    it until the block ends; the others are told which it is."""
-    with claimed_directory(base, key, owner) if ctx.is_main else contextlib.nullcontext(None) as mine:
-        chosen: str = ctx.all_gather_object(str(mine))[0]  # rank 0's
-        yield Path(chosen)
+def registered_workers(cfg: TrainConfig, preflight: PreflightReport) -> str:
+    """How the worker count was set, where FLYSCALE_NPROC_PER_NODE=auto did not choose it."""
+    if cfg.workers() is not None:
+        return "train.options.mesh"
+    if not workers_auto():
+        return f"FLYSCALE_NPROC_PER_NODE={processes_per_node()}"
+    if not any_worker_count(cfg):
+        return f"auto does not choose for strategy {cfg.strategy!r}: its workers are its layout"
+    if preflight.workers_reason:
+        return f"auto: {preflight.workers_reason}"
+    return "auto: the registered count (auto chooses in local runs)"
 
 
 class Trained(NamedTuple):
@@ -95,7 +98,9 @@ class Trained(NamedTuple):
 # (`start_sha256`), not by the file's fresh path.
 # A search's trial enters by its key (`trial_key`: its study and number when it may be pruned),
 # not by the storage it reports to, which is new in every execution.
-IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial")
+# The preflight enters by what training takes from it, the workers auto chose (`workers`), not by
+# the throughputs it measured.
+IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial", "preflight")
 
 
 def train_job(
@@ -113,16 +118,20 @@ def train_job(
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (never mutated)
     start: StartWeights = StartWeights(),  # noqa: B008 (never mutated)
     trial: TrialSpec = TrialSpec(),  # noqa: B008 (never mutated)
+    preflight: PreflightReport = PreflightReport.skipped(),  # noqa: B008 (never mutated)
 ) -> TrainedModel | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
     others return None (or, in a classic PyTorchJob pod, tell Flyte their outputs are not the
-    task's). `threads` > 0: each worker's torch threads (a scaling study's share)."""
+    task's). `threads` > 0: each worker's torch threads (a scaling study's share). `preflight`:
+    where FLYSCALE_NPROC_PER_NODE=auto chose this many workers, the global batch it timed."""
     with lost_peers_retryable(), distributed.process_group(recovery.collective_timeout_s, threads) as ctx:
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
         model = build_model(model_cfg, info, meta=wants_meta_model(cfg))
         train_fn, options = strategy(cfg)
+        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective, start.sha256)
+        cfg, workers = keep_global_batch(cfg, preflight, ctx.world_size, registered_workers(cfg, preflight))
         live = None
         if ctx.is_main:
             name = run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
@@ -130,10 +139,11 @@ def train_job(
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution, tags if trial.study else None)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
-        key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective, start.sha256)
-        with restart_directory(
-            ctx, recovery.checkpoint_dir, key, f"{started.execution}@{started.started_at!r}"
-        ) as root:
+        # Rank 0 claims the run directory; with checkpoints on, every rank proves it sees it (one
+        # volume on every node) before anything trains, or all refuse together, saying what to mount.
+        checkpoints = bool(recovery.checkpoint_every_steps or recovery.checkpoint_every_minutes)
+        owner = f"{started.execution}@{started.started_at!r}"
+        with restart_directory(ctx, recovery.checkpoint_dir, key, owner, probe=checkpoints) as root:
             checkpointer = Checkpointer(
                 root,
                 every_steps=recovery.checkpoint_every_steps,
@@ -162,6 +172,7 @@ def train_job(
                 start=start.weights.download() if start.weights is not None else "",
                 # A search's trial reports each epoch to its study, which may prune it.
                 stop=reporter(trial) if ctx.is_main and trial.key() else None,
+                workers_timed=bool(preflight.workers) and ctx.world_size == preflight.workers,
             )
             data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
             result = train_fn(model, data, cfg, ctx, options, hooks)
@@ -176,6 +187,7 @@ def train_job(
         if live is None:  # rank 0 opened it above
             raise RuntimeError("rank 0 has no live MLflow run to hand on")
         result.history.mlflow_run_id = live.run_id
+        result.history.workers = workers
         if start.weights is not None:
             result.history.started_from = f"{start.source} (weights sha256 {start.sha256[:12]})"
         Deck("Learning curves", learning_curves_html(result.history))
@@ -210,6 +222,7 @@ def train_model(
     start_sha256: str = "",  # the starting weights' content: what the cache keys on (start is ignored)
     trial: TrialSpec = TrialSpec(),  # noqa: B008 (a search's trial: where it reports, what prunes it)
     trial_key: str = "",  # what the cache keys on of the trial (trial is ignored): TrialSpec.key()
+    workers: int = 0,  # how many workers FLYSCALE_NPROC_PER_NODE=auto chose locally (0: the launcher's count)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
@@ -230,5 +243,6 @@ def train_model(
         objective=objective,
         start=start,
         trial=trial,
+        preflight=preflight,
     )
     return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

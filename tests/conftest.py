@@ -15,6 +15,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Tests train on the 2 workers FLYSCALE_NPROC_PER_NODE=auto (the default) times against one
+# process, not on auto's choice: a timing on these shared machines picks either, and would cost
+# every run a preflight. Tests of auto itself unset it (test_preflight.py, test_regression.py).
+os.environ.setdefault("FLYSCALE_NPROC_PER_NODE", "2")
 BIN = Path(sys.executable).parent
 
 

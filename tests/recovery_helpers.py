@@ -42,12 +42,12 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
     from flyscale.train.checkpoint import Checkpointer
     from flyscale.train.distributed import process_group
     from flyscale.train.loop import Hooks
+    from flyscale.train.run_dirs import restart_directory
     from flyscale_plugins.datasets import digits
     from flyscale_plugins.models import MLP, MLPOptions
     from flyscale_plugins.strategies.ddp import DDPOptions, ddp
     from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
     from flyscale_plugins.strategies.pipeline import PipelineOptions, pipeline
-    from tasks.train import restart_directory
 
     root = Path(out)
     setup = contextlib.nullcontext()

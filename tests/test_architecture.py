@@ -14,7 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ["flyscale", "plugins", "tasks", "workflows"]
-RANK_ENV = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE)["']""")
+RANK_ENV = re.compile(r"""["'](RANK|LOCAL_RANK|WORLD_SIZE|LOCAL_WORLD_SIZE)["']""")
 
 # Each folder's import name. The import rules themselves are import-linter contracts in pyproject.toml.
 LAYERS = {"flyscale": "flyscale", "plugins": "flyscale_plugins", "tasks": "tasks", "workflows": "workflows"}
@@ -155,7 +155,9 @@ def test_only_distributed_module_reads_rank_variables():
     offenders = [
         str(p.relative_to(REPO)) for p in _sources() if p.name != "distributed.py" and RANK_ENV.search(p.read_text())
     ]
-    assert offenders == [], f"only flyscale/train/distributed.py may read RANK/LOCAL_RANK/WORLD_SIZE: {offenders}"
+    assert offenders == [], (
+        f"only flyscale/train/distributed.py may read RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE: {offenders}"
+    )
 
 
 def test_no_print_in_library_code():
@@ -203,3 +205,45 @@ def test_configs_and_the_plugin_registry_load_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def _repository_entry(folder: str) -> set[str]:
+    """The words of `folder/`'s entry (continuation lines included) in docs/architecture.md's
+    block of the repository's folders."""
+    page = (REPO / "docs" / "architecture.md").read_text()
+    block = page.split("## The repository", 1)[1].split("```")[1]
+    entry = re.search(rf"^{folder}/ +(.*(?:\n {{2,}}.*)*)", block, re.M)
+    assert entry, f"docs/architecture.md's repository block has no {folder}/ entry"
+    return set(re.findall(r"\w+(?:\.py)?", entry.group(1)))
+
+
+def _workflow_functions(path: Path) -> list[str]:
+    """The functions `@workflow` (or `@workflow(...)`) decorates in a workflows/ module."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if getattr(target, "id", None) == "workflow":
+                    found.append(node.name)
+    return found
+
+
+def test_the_architecture_page_names_every_strategy_task_module_and_workflow():
+    """A strategy, a task module or a workflow added without a word in docs/architecture.md fails here."""
+    import tomllib
+
+    registered = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["flyscale.strategies"]
+    strategies = set(registered) | {p.stem for p in (REPO / "plugins" / "strategies").glob("*.py")} - {"__init__"}
+    task_modules = {p.stem for p in (REPO / "tasks").glob("*.py")} - {"__init__"}
+    workflow_files = sorted(p for p in (REPO / "workflows").glob("*.py") if p.stem != "__init__")
+    assert {"ddp", "fsdp", "pipeline", "hybrid"} <= strategies and "train" in task_modules and workflow_files
+
+    plugins, tasks, workflows = (_repository_entry(f) for f in ("plugins", "tasks", "workflows"))
+    missing = [f"strategy {s!r}" for s in sorted(strategies) if s not in plugins]
+    missing += [f"task module tasks/{t}.py" for t in sorted(task_modules) if not {t, f"{t}.py"} & tasks]
+    for path in workflow_files:
+        if path.name not in workflows:
+            missing.append(f"workflows/{path.name}")
+        missing += [f"workflow {f} (workflows/{path.name})" for f in _workflow_functions(path) if f not in workflows]
+    assert missing == [], f"docs/architecture.md's repository block does not name: {missing}"

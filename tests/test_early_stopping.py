@@ -120,8 +120,9 @@ def test_a_resumed_run_keeps_the_best_epoch_it_had_checkpointed(tmp_path, uninte
 
 def _fsdp_rank(root: str):
     with process_group(timeout_s=60) as ctx:
-        ckpt = Checkpointer(Path(root), every_steps=2, keep=1, global_batch=2 * CFG.batch_size)
-        cfg = dataclasses.replace(CFG, strategy="fsdp", batch_size=CFG.batch_size // 2)  # the same global batch
+        per_worker = CFG.batch_size // 2
+        ckpt = Checkpointer(Path(root), every_steps=2, keep=1, global_batch=ctx.world_size * per_worker)
+        cfg = dataclasses.replace(CFG, strategy="fsdp", batch_size=per_worker)
         result = fsdp(_model(meta=True), _data(), cfg, ctx, FSDPOptions(), Hooks(ckpt))
         h = result.history
         kept = _val_loss(result.model) if ctx.is_main else None
@@ -129,13 +130,13 @@ def _fsdp_rank(root: str):
 
 
 @pytest.mark.timeout(180)
-def test_sharded_ranks_stop_together_and_rank_zero_gathers_the_best_epoch(tmp_path):
-    """fsdp on 2 ranks: each keeps its own shards of the best epoch (checkpointed through DCP), every
-    rank stops at the same epoch, and the model rank 0 gathers is the best epoch's."""
-    (losses, kept, val), (other_losses, other_kept, _) = run_on_ranks(
-        _fsdp_rank, 2, str(tmp_path / "ckpt"), timeout=150
-    )
-    assert losses == other_losses and kept == other_kept  # every rank saw the same epochs and stopped together
+@pytest.mark.parametrize("world", [2, 3])
+def test_sharded_ranks_stop_together_and_rank_zero_gathers_the_best_epoch(tmp_path, world):
+    """fsdp on 2 and 3 ranks: each keeps its own shards of the best epoch (checkpointed through
+    DCP), every rank stops at the same epoch, and the model rank 0 gathers is the best epoch's."""
+    (losses, kept, val), *others = run_on_ranks(_fsdp_rank, world, str(tmp_path / "ckpt"), timeout=150)
+    for other_losses, other_kept, _ in others:  # every rank saw the same epochs and stopped together
+        assert losses == other_losses and kept == other_kept
     best = losses.index(min(losses))
     assert kept == best + 1 and len(losses) == kept + CFG.early_stopping.patience < CFG.epochs
     assert val == pytest.approx(losses[best], rel=1e-5)

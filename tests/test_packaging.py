@@ -12,6 +12,7 @@ would call (`pyflyte-execute`, `pyflyte-fast-execute`), with the args `pyflyte p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -235,3 +236,29 @@ def test_fast_registration_refreshes_core_built_ins_and_tasks_together(image, tm
     (tarball,) = tmp_path.glob("fast*.tar.gz")
     info = _execute(image, args, tmp_path, fast_tarball=tarball)
     assert info.name == "digits, fast-registered"
+
+
+@pytest.mark.timeout(300)
+def test_the_lock_installs_from_the_public_index_alone(tmp_path):
+    """What `make install` asks of a user's machine: every pin of requirements.lock resolves on
+    PyPI with pip's own defaults (no configuration file, no local wheel folder). torch is pinned
+    without a local version: `==2.13.0` takes PyPI's wheel there, and a local CPU build where pip
+    is configured to find one (2.13.0+cpu satisfies it)."""
+    pins = [line for line in (REPO / "requirements.lock").read_text().splitlines() if "==" in line]
+    assert [p for p in pins if "+" in p] == [], "a local version is on no public index"
+    assert not [p for p in pins if p.startswith("nvidia-")], "the CPU lock must not pull CUDA wheels"
+    public = {
+        **os.environ,
+        "PIP_CONFIG_FILE": os.devnull,  # pip then reads no configuration file at all
+        **{k: "" for k in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_CONSTRAINT")},
+    }
+    report = tmp_path / "report.json"
+    _run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+        + ["--report", str(report), "-r", str(REPO / "requirements.lock")],
+        env=public,
+    )
+    chosen = {i["metadata"]["name"].lower(): i for i in json.loads(report.read_text())["install"]}
+    assert chosen["torch"]["metadata"]["version"] == "2.13.0"
+    assert chosen["torch"]["download_info"]["url"].startswith("https://files.pythonhosted.org/")
+    assert f"mlflow=={chosen['mlflow']['metadata']['version']}" in pins

@@ -204,6 +204,55 @@ def test_switched_off_task_starts_no_workers(monkeypatch):
         )
 
 
+def test_auto_trains_on_the_faster_count_keeping_the_global_batch_it_timed():
+    from flyscale.train.preflight import choose_workers, keep_global_batch
+
+    timed = dict(passed=True, world_size=2, steps=5, strategy="ddp", grad_comm_fraction=0.5)
+    one_faster = choose_workers(PreflightReport(**timed, samples_per_s_world1=6e4, samples_per_s_worldN=3e4), 128)
+    assert one_faster.workers == 1 and one_faster.slower_with_workers == ""
+    assert one_faster.workers_reason == (
+        "1 of 2 (auto: in the preflight one process trained 60,000 samples/s, 2 workers 30,000; "
+        "the global batch of 128 rows kept)"
+    )
+    cfg, said = keep_global_batch(TrainConfig(batch_size=64), one_faster, 1, "unused")
+    assert cfg.batch_size == 128 and said == one_faster.workers_reason  # one process takes both workers' rows
+    group_faster = choose_workers(PreflightReport(**timed, samples_per_s_world1=3e4, samples_per_s_worldN=5e4), 128)
+    assert group_faster.workers == 2 and group_faster.workers_reason.startswith("2 (auto: in the preflight 2 workers")
+    assert keep_global_batch(TrainConfig(batch_size=64), group_faster, 2, "unused")[0].batch_size == 64
+    # A count auto did not choose (a cluster keeps its registered one): the config as it is, and how it was set.
+    cfg, said = keep_global_batch(TrainConfig(batch_size=64), one_faster, 2, "FLYSCALE_NPROC_PER_NODE=2")
+    assert cfg.batch_size == 64 and said == "2 (FLYSCALE_NPROC_PER_NODE=2)"
+
+
+def test_auto_times_the_workers_even_with_the_check_off_but_not_a_pipeline(monkeypatch):
+    """FLYSCALE_NPROC_PER_NODE=auto (the default, unset): a switched-off preflight still starts the
+    worker group, to time it; a pipeline's stages are its layout, so there is nothing to choose."""
+    from flytekit import FlyteContextManager
+    from flytekit.core.context_manager import ExecutionState
+    from flytekitplugins.kfpytorch.task import PytorchElasticFunctionTask
+
+    from tasks.preflight import preflight_check
+
+    def started(*_, **__):
+        raise AssertionError("the worker group started")
+
+    monkeypatch.setattr(PytorchElasticFunctionTask, "_execute", started)
+    monkeypatch.delenv("FLYSCALE_NPROC_PER_NODE")
+    frame = digits.load(None).head(64)
+    kwargs = dict(train=frame, val=frame, info=digits.info(None), model_cfg=MODEL, preflight_cfg=PreflightConfig())
+    ctx = FlyteContextManager.current_context()
+    local = ctx.with_execution_state(
+        ctx.new_execution_state().with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
+    )
+    with FlyteContextManager.with_context(local):  # as under `pyflyte run`: auto chooses in local runs only
+        with pytest.raises(AssertionError, match="the worker group started"):
+            preflight_check.execute(cfg=TrainConfig(), **kwargs)
+        report, _ = preflight_check.execute(cfg=TrainConfig(strategy="pipeline"), **kwargs)
+    assert report == PreflightReport.skipped()
+    report, _ = preflight_check.execute(cfg=TrainConfig(), **kwargs)  # in a pod: the registered count
+    assert report == PreflightReport.skipped()
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [

@@ -7,6 +7,7 @@ feature); the residual plot in place of a classifier's figures; then the preset 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -278,9 +279,13 @@ def test_the_diabetes_preset_passes_its_r2_gate_and_serves_predictions_in_the_ta
 
     preset = str(REPO / "configs/diabetes-regression.yaml")
     small = '{"mlflow": {"model_name": "diabetes-e2e"}}'
-    proc = run_pipeline(tmp_path, "--cfg", preset, "--cfg", small, env={"MLFLOW_TRACKING_URI": mlflow_server})
+    # As documented: FLYSCALE_NPROC_PER_NODE unset, so auto times one process against 2 workers.
+    env = {"MLFLOW_TRACKING_URI": mlflow_server, "FLYSCALE_NPROC_PER_NODE": ""}
+    proc = run_pipeline(tmp_path, "--cfg", preset, "--cfg", small, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     out = proc.stdout
+    assert re.search(r"^  workers     (1 of 2|2) \(auto: in the preflight .* samples/s", out, re.M), out[-2500:]
+    assert "communication-bound" not in out + proc.stderr  # the count was measured, not assumed
     assert "442 rows: 442 valid, 0 quarantined" in out
     assert "min_metric: PASSED (test r2" in out and "quantization: PASSED (r2 drop" in out, out[-2500:]
     assert "registered  diabetes-e2e v1" in out

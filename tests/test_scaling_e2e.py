@@ -16,7 +16,8 @@ from mlflow import MlflowClient
 from tests.conftest import BIN, REPO
 
 EXPERIMENT = "scaling-e2e"
-PRESET = {
+DIGITS = REPO / "configs/scaling-digits.yaml"
+PRESET = {  # the digits preset made small
     "augment": {"copies": 0},
     "model": {"name": "mlp", "options": {"hidden": [64, 32]}},
     "train": {"epochs": 2, "batch_size": 64},
@@ -78,7 +79,7 @@ def test_a_study_completes_logs_every_point_under_one_parent_and_reruns_from_the
     preset, home, env = _workspace(tmp_path, PRESET, mlflow_server)
     client = MlflowClient(mlflow_server)
 
-    first = run_study(home, preset, env)
+    first = run_study(home, DIGITS, env, preset)
     assert "points      6 training runs; trained now: 6, from the cache: 0" in first.stdout, first.stdout[-3000:]
     assert set(re.findall(r"point\s+(data\S+)", first.stdout)) == POINTS
     assert re.search(r"fit\s+error vs training rows: no fit \(3 distinct sizes", first.stdout)  # 3 is too few
@@ -116,7 +117,7 @@ def test_a_study_completes_logs_every_point_under_one_parent_and_reruns_from_the
     decks = [p.read_text() for p in tmp_path.glob("flyte-*/sandbox/local_flytekit/*/deck.html")]
     assert any("<h3>Scaling study</h3>" in d and 'src="data:image/png;base64,' in d for d in decks)
 
-    second = run_study(home, preset, env)
+    second = run_study(home, DIGITS, env, preset)
     assert "points      6 training runs; trained now: 0, from the cache: 6" in second.stdout, second.stdout[-3000:]
     log = second.stdout + second.stderr
     assert "Cache miss" not in log and log.count("Cache hit") >= 6 + 3, log[

@@ -16,12 +16,13 @@ from flyscale.search import study
 from flyscale.search.config import SearchStudyConfig
 from flyscale.search.study import TrialResult, TrialSpec
 from flyscale.train.batches import TrainData
-from flyscale.train.distributed import DistContext
+from flyscale.train.distributed import process_group
 from flyscale.train.loop import Hooks
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import MLP, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
+from tests.distributed_helpers import run_on_ranks
 
 SPACE = {
     "train.lr": {"low": 1e-4, "high": 1e-1, "log": True},
@@ -97,22 +98,30 @@ def test_the_best_trial_is_a_finished_one():
         study.best([made[1]], "minimize")
 
 
-def test_a_pruned_trial_stops_training_there_and_says_why():
-    x = torch.rand(96, 64) * 16
-    y = torch.randint(0, 10, (96,))
+def _prune_at_two(m: EpochMetrics) -> str:
+    return "pruned by the search after epoch 2" if m.epoch == 1 else ""
+
+
+def _train_pruned() -> tuple[list[int], str]:
+    """A trial's training as tasks/train.py hands it its hooks: the study's reporter on rank 0 alone."""
+    torch.manual_seed(0)
+    x, y = torch.rand(96, 64) * 16, torch.randint(0, 10, (96,))
     model = MLP().build(MLPOptions(hidden=[32], dropout=0.0), digits.info(None))
-    seen = []
+    with process_group(timeout_s=30) as ctx:
+        hooks = Hooks(stop=_prune_at_two if ctx.is_main else None)
+        cfg = TrainConfig(epochs=6, batch_size=16)
+        result = ddp(model, TrainData(x[:64], y[:64], x[64:], y[64:]), cfg, ctx, DDPOptions(), hooks)
+    return [m.epoch for m in result.history.epochs], result.history.stopping
 
-    def prune_at_two(m: EpochMetrics) -> str:
-        seen.append(m.epoch)
-        return "pruned by the search after epoch 2" if m.epoch == 1 else ""
 
-    cfg = TrainConfig(epochs=6, batch_size=16)
-    result = ddp(
-        model, TrainData(x[:64], y[:64], x[64:], y[64:]), cfg, DistContext(), DDPOptions(), Hooks(stop=prune_at_two)
-    )
-    assert seen == [0, 1] and len(result.history.epochs) == 2
-    assert result.history.stopping == "pruned by the search after epoch 2"
+# The default 2 workers, and 3: a pruning decision made on rank 0 alone once left the others
+# waiting in a collective rank 0 never entered.
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_pruned_trial_stops_training_there_on_every_rank_and_says_why(world):
+    for epochs, stopping in run_on_ranks(_train_pruned, world, timeout=90):
+        assert epochs == [0, 1]
+        assert stopping == "pruned by the search after epoch 2"
 
 
 def test_a_cluster_search_needs_a_storage_every_pod_reaches(tmp_path):

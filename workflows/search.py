@@ -14,7 +14,7 @@ from flytekit import workflow
 from flyscale.search.config import SearchStudyConfig
 from flyscale.search.report import SearchSummary
 from tasks.data import fingerprint_data
-from tasks.preflight import check_model
+from tasks.preflight import check_model, preflight_check
 from tasks.search import base_config, best_config, close_failed_search, finish_search, open_study, run_trials
 from workflows.data import dataset
 from workflows.train import training_pipeline
@@ -23,7 +23,7 @@ from workflows.train import training_pipeline
 @workflow(on_failure=close_failed_search)
 def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> SearchSummary:  # noqa: B008
     """check the base model -> fingerprint -> the pipeline's data branch (once, for every trial) ->
-    rounds of trials (train, report, prune, tell) -> the best config through the training pipeline
+    the preflight of the base config (once: the workers every trial trains on) -> rounds of trials (train, report, prune, tell) -> the best config through the training pipeline
     -> summary."""
     model = check_model(
         data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
@@ -32,6 +32,16 @@ def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> Searc
     base = base_config(cfg=cfg)
     train, val, test, validated, runs = dataset(
         cfg=base, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
+    )
+    # Once, on the base config: the workers every trial trains on (FLYSCALE_NPROC_PER_NODE=auto).
+    preflight, _ = preflight_check(
+        train=train,
+        val=val,
+        info=validated.info,
+        model_cfg=base.model,
+        cfg=base.train,
+        preflight_cfg=base.preflight,
+        objective=base.objective,
     )
     at = open_study(cfg=cfg, started=started)
     results = run_trials(
@@ -43,6 +53,7 @@ def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> Searc
         info=validated.info,
         fingerprint=validated.content,
         started=started,
+        preflight=preflight,
     )
     best = best_config(cfg=cfg, at=at, results=results)
     summary = training_pipeline(cfg=best)

@@ -60,6 +60,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         objective=cfg.objective,
         start=model.start,
         start_sha256=model.start.sha256,
+        workers=preflight.workers,
     )
     # Text: the tokenizer decodes samples, and its bytes a token give bits per byte. (Not all of
     # `validated`: its report changes with the champion, which would re-run evaluation.) Each call

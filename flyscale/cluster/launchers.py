@@ -96,7 +96,7 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
         ):
             if in_pytorchjob():
                 return super().execute(**kwargs)
-            nproc = local_workers(kwargs.get("cfg"), self.task_config.nproc_per_node)
+            nproc = local_workers(kwargs.get("cfg"), self.task_config.nproc_per_node, kwargs.get("workers", 0))
             if self.max_nodes > 1:  # a range "1:4" too: no peers will come
                 log.warning(
                     "nnodes=%s applies to remote runs only; running locally on one node with %d workers",
@@ -104,7 +104,9 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
                     nproc,
                 )
             elif nproc != self.task_config.nproc_per_node:
-                log.info("train.options.mesh asks for %d workers: running %d locally", nproc, nproc)
+                fixed = isinstance(kwargs.get("cfg"), TrainConfig) and kwargs["cfg"].workers() is not None
+                why = "train.options.mesh asks for" if fixed else "FLYSCALE_NPROC_PER_NODE=auto chose"
+                log.info("%s %d workers: running %d locally", why, nproc, nproc)
             else:
                 return super().execute(**kwargs)
             return self._single_node_twin(nproc).execute(**kwargs)
@@ -130,11 +132,27 @@ def local_execution() -> bool:
     return state is None or state.is_local_execution()
 
 
-def local_workers(cfg: object, registered: int) -> int:
+def local_workers(cfg: object, registered: int, chosen: object = 0) -> int:
     """How many worker processes a local run starts: the number a training config fixes (a hybrid
-    mesh), else the launcher's processes per node."""
+    mesh), else the number `auto` chose (`chosen`, the training task's `workers` input; 0: none),
+    else the launcher's processes per node."""
     fixed = cfg.workers() if isinstance(cfg, TrainConfig) else None
-    return fixed or registered
+    return fixed or (chosen if isinstance(chosen, int) else 0) or registered
+
+
+# What `FLYSCALE_NPROC_PER_NODE=auto` (the default) registers: the worker group the preflight
+# times against one process. Locally training then runs on the faster; a cluster keeps this.
+AUTO_WORKERS = 2
+
+
+def workers_auto() -> bool:
+    """Whether the processes per node are `auto` (the default): chosen by measurement in a local run."""
+    return settings.NPROC_PER_NODE.get() == "auto"
+
+
+def processes_per_node() -> int:
+    """The launcher's processes per node: FLYSCALE_NPROC_PER_NODE, or AUTO_WORKERS for `auto`."""
+    return AUTO_WORKERS if workers_auto() else settings.NPROC_PER_NODE.integer(1)
 
 
 @dataclass
@@ -225,7 +243,7 @@ def training_resources() -> dict:
     """The training tasks' requests, limits, accelerator and shared memory, from the cluster
     resources file: a worker process's share times the processes per node (a classic
     PyTorchJob's pods run one process each)."""
-    processes = 1 if settings.LAUNCHER.get() == "pytorch" else settings.NPROC_PER_NODE.integer(1)
+    processes = 1 if settings.LAUNCHER.get() == "pytorch" else processes_per_node()
     return resources.CLUSTER.training.task_kwargs(processes)
 
 
@@ -261,7 +279,7 @@ def planned_world_size(cfg: TrainConfig | None = None, local: bool = False) -> i
     """How many worker processes the configured launcher trains with on a cluster (a classic
     PyTorchJob: one a pod; elastic: nodes times processes per node, the most of a range), or in
     a `local` run (one node: as many as `cfg` fixes, else the processes per node)."""
-    nproc = settings.NPROC_PER_NODE.integer(1)
+    nproc = processes_per_node()
     if local:
         return 1 if settings.LAUNCHER.get() == "pytorch" else local_workers(cfg, nproc)
     nnodes = node_range()[1]
@@ -304,7 +322,7 @@ def worker_start_method(nproc_per_node: int) -> str:
 def training_launcher() -> LocalSafeElastic | ClassicPyTorch:
     """The launcher from FLYSCALE_LAUNCHER (elastic | pytorch), FLYSCALE_NNODES, FLYSCALE_NPROC_PER_NODE."""
     launcher = settings.LAUNCHER.get()
-    (fewest, nnodes), nproc = node_range(), settings.NPROC_PER_NODE.integer(1)
+    (fewest, nnodes), nproc = node_range(), processes_per_node()
     restarts = settings.MAX_RESTARTS.integer(0)
     if launcher == "pytorch":
         if fewest != nnodes:

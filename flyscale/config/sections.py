@@ -259,7 +259,8 @@ class RecoveryConfig(Section):
     # memory meanwhile); false: training waits for each checkpoint to be written.
     async_checkpoints: bool = True
     # The local restart directory; checkpoints go in a folder per run under it. "" = ~/.flyscale/checkpoints.
-    # On a multi-node cluster make it a volume every node mounts.
+    # On more than one node: one volume (ReadWriteMany) at this path in every training pod; a job
+    # whose ranks do not all see it is refused before training (train/shared_disk.py).
     checkpoint_dir: str = ""
     resume: bool = True  # resume from the newest checkpoint of this training (a restart, a retry, a rerun)
     # A checkpoint to resume from instead (a step-* directory, or a run directory: its newest),

@@ -10,9 +10,11 @@ example. A model torch cannot export gets a message naming the model and torch's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,31 @@ def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
     return path
 
 
+class _SkippedTorchvision(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("torchvision is not installed")
+
+
+@contextlib.contextmanager
+def _exporter_quiet() -> Iterator[None]:
+    """Two notes torch 2.13's exporter makes about torch itself, never about the model, silenced
+    for the export: its op registry logs a WARNING for each torchvision op it skips when
+    torchvision is not installed (flyscale never uses it); and `run_decompositions` deep-copies the
+    program's module call graph, which constructs torch's deprecated `LeafSpec` and so raises
+    LeafSpec's deprecation FutureWarning, about an isinstance check nobody here makes."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    skipped = _SkippedTorchvision()
+    registry.addFilter(skipped)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+            )
+            yield
+    finally:
+        registry.removeFilter(skipped)
+
+
 def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
     """Export `model` (eval mode) to ONNX at `path`, traced on `example` (a batch of its inputs):
     the batch dimension dynamic, and the sequence dimension too for integer token ids (up to
@@ -88,15 +115,16 @@ def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
     model = model.eval()
     dims = _dynamic(example)
     try:
-        program = torch.onnx.export(
-            model,
-            (example,),
-            dynamo=True,
-            dynamic_shapes=(dims,),
-            input_names=["input"],
-            output_names=["output"],
-            verbose=False,
-        )
+        with _exporter_quiet():
+            program = torch.onnx.export(
+                model,
+                (example,),
+                dynamo=True,
+                dynamic_shapes=(dims,),
+                input_names=["input"],
+                output_names=["output"],
+                verbose=False,
+            )
     except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ExportError(

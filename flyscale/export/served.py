@@ -197,7 +197,11 @@ class OnnxModel(PythonModel):
         a = context.artifacts
         self.served = load(a.get("onnx") or a["program"], a["serving"], a.get("tokenizer"))
 
-    def predict(self, context, model_input, params=None):
+    # Without a type hint on predict, MLflow warns each time this file runs (logging, validating,
+    # every load). An ndarray is what a tensor signature hands in (a language model's prompts come
+    # as a DataFrame): a type MLflow neither validates nor converts, so the logged signature and
+    # what predict receives stay as they were. A union would warn too (MLflow 3.17 takes none here).
+    def predict(self, context, model_input: np.ndarray, params: dict | None = None) -> Any:
         return self.served.predict(model_input, params)
 
 

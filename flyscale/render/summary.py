@@ -60,6 +60,7 @@ class RunSummary:
     started_from: str = ""  # the weights training started from (model.init_from); "" = fresh ones
     stopping: str = ""  # what early stopping did: the epoch kept and why training stopped ("" = off)
     diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
+    workers: str = ""  # how many workers trained, and why that many ("" = not said)
     tokens: TokenStats | None = None  # text: the tokenizer, the token counts and the unigram baseline
     onnx: str = ""  # how the ONNX export answered the test split against PyTorch ("" = not exported)
     served: list[str] = field(default_factory=list)  # the load test of the served model, a line a level
@@ -82,6 +83,7 @@ class RunSummary:
             stopping=c.history.stopping,
             started_from=c.history.started_from,
             diagnosis=c.history.diagnosis,
+            workers=c.history.workers,
             tokens=c.tokens,
             onnx=c.onnx_parity,
             served=[
@@ -152,6 +154,8 @@ class RunSummary:
             ),
             *[f"  served      {line}" for line in self.served],
         ]
+        if self.workers:
+            lines.append(f"  workers     {self.workers}")
         if self.resumed:
             lines.append(f"  training    {self.resumed}")
         if self.started_from:
@@ -161,7 +165,7 @@ class RunSummary:
         if self.diagnosis:
             lines.append(f"  warning     {self.diagnosis}")
         p = self.preflight
-        if p.steps:
+        if p.steps and p.checked:
             lines.append(
                 f"  preflight   PASSED: {p.steps} steps at world size 1 vs {p.world_size}, "
                 f"max relative loss difference {p.max_rel_diff:.1e} (tolerance {p.rtol:.0e})"

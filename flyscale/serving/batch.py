@@ -67,8 +67,10 @@ def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
     import mlflow
 
     from flyscale.tracking.model_spec import artifact_files
+    from flyscale.tracking.store import quiet_artifacts
 
-    local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into)))
+    with quiet_artifacts():  # a task's download: nobody watches its progress bars
+        local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into)))
     files = artifact_files(local)
     if "spec" not in files:
         raise BatchPredictError(f"{model_uri} carries no flyscale spec: it was not registered by flyscale")

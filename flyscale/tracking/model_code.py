@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mlflow
+import numpy as np
 from mlflow.pyfunc import PythonModel
 
 from flyscale.tracking.model_spec import build, objective_of
@@ -34,7 +36,9 @@ class FlyscaleModel(PythonModel):
         tokenizer = context.artifacts.get("tokenizer")
         self.objective, self.context = objective_of(spec, Path(tokenizer).read_text() if tokenizer else "")
 
-    def predict(self, context, model_input, params=None):
+    # A type hint MLflow neither validates nor converts (see flyscale/export/served.py): without
+    # one, MLflow warns each time this file runs; with it, the signature and the input stay as they were.
+    def predict(self, context, model_input: np.ndarray, params: dict | None = None) -> Any:
         return predict(self.objective, self.model, model_input, params, self.context)
 
 

@@ -23,6 +23,7 @@ from flyscale.plugin.contracts import GateVerdict
 from flyscale.tracking.store import (
     MAX_PARAM_CHARS,
     _metric_name,
+    quiet_artifacts,
 )
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
@@ -177,7 +178,9 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     mlflow.set_tag("flyscale.data_reference", record.validation.reference or "none")
     for check, rows in record.validation.checks.items():
         mlflow.set_tag(f"validation.{_metric_name(check)}", str(rows))
-    if record.preflight.steps:
+    if record.history.workers:
+        mlflow.set_tag("flyscale.workers", record.history.workers)
+    if record.preflight.steps and record.preflight.checked:
         mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
         mlflow.set_tag(
             "flyscale.preflight",
@@ -244,7 +247,17 @@ def log_model(files: ModelFiles, name: str, tmp: str):
     the ModelInfo (a LoggedModel)."""
     import mlflow
 
-    return mlflow.pyfunc.log_model(name=name, **model_args(files, name, tmp))
+    # MLflow checks the input example by loading the model: a download, with a bar per file.
+    with quiet_artifacts():
+        return mlflow.pyfunc.log_model(name=name, **model_args(files, name, tmp))
+
+
+def save_model(files: ModelFiles, path: str, tmp: str) -> None:
+    """The model as `log_model` logs it, saved to the folder `path` instead of a run."""
+    import mlflow
+
+    with quiet_artifacts():
+        mlflow.pyfunc.save_model(path, **model_args(files, "model", tmp))
 
 
 def model_args(files: ModelFiles, name: str, tmp: str) -> dict:

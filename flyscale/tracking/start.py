@@ -15,6 +15,7 @@ from flyscale.config import ModelConfig
 from flyscale.model import file_sha256
 from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
 from flyscale.tracking.model_spec import artifact_files
+from flyscale.tracking.store import quiet_artifacts
 from flyscale.train.checkpoint_files import tensor_difference
 
 
@@ -51,7 +52,8 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
         else:
             run_id, _, model = init_from.removeprefix("runs:/").partition("/")
             model_uri, source = f"runs:/{run_id}/{model or 'model'}", init_from
-        local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into), tracking_uri=tracking_uri))
+        with quiet_artifacts():
+            local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into), tracking_uri=tracking_uri))
     except MlflowException as exc:
         raise StartError(
             f"model.init_from {init_from!r} could not be fetched from MLflow at {tracking_uri}: {exc.message}"

@@ -63,17 +63,16 @@ def missing_local_store(uri: str) -> str:
     )
 
 
-@contextlib.contextmanager
-def client_settings(cfg: MlflowConfig) -> Iterator[None]:
-    """MLflow's HTTP retries bounded as configured (its defaults retry for about four minutes).
+# MLflow draws a tqdm bar for each artifact download (four of them, one per file, each time
+# log_model validates its input example). Inside a task nobody watches them: remotely they fill
+# the pod's log, locally they cut into the run's log lines. MLflow 3.17 has no setting for it but
+# this variable, which it reads on every download.
+QUIET_ARTIFACTS = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
-    MLflow reads these variables on every request; values the user exported win.
-    """
-    wanted = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(cfg.retry_backoff_s),
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(cfg.request_timeout_s),
-    }
+
+@contextlib.contextmanager
+def _environment(wanted: dict[str, str]) -> Iterator[None]:
+    """`wanted` in os.environ while the block runs, then removed; values the user exported win."""
     added = {k: v for k, v in wanted.items() if k not in os.environ}
     os.environ.update(added)
     try:
@@ -81,6 +80,27 @@ def client_settings(cfg: MlflowConfig) -> Iterator[None]:
     finally:
         for key in added:
             os.environ.pop(key, None)
+
+
+def quiet_artifacts() -> contextlib.AbstractContextManager[None]:
+    """No MLflow artifact progress bars while the block runs (unless the user asked for them)."""
+    return _environment(QUIET_ARTIFACTS)
+
+
+def client_settings(cfg: MlflowConfig) -> contextlib.AbstractContextManager[None]:
+    """MLflow's HTTP retries bounded as configured (its defaults retry for about four minutes),
+    and no artifact progress bars.
+
+    MLflow reads these variables on every request; values the user exported win.
+    """
+    return _environment(
+        {
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": str(cfg.retry_backoff_s),
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": str(cfg.request_timeout_s),
+            **QUIET_ARTIFACTS,
+        }
+    )
 
 
 def _metric_name(text: str) -> str:

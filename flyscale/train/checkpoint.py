@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
 import warnings
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from flyscale.train.checkpoint_files import (
 )
 from flyscale.train.distributed import DistContext
 from flyscale.train.reshard import Reshard
+from flyscale.train.shared_disk import together
 from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -153,13 +155,21 @@ class Checkpointer:
         start = time.perf_counter()
         final = step_dir(self.root, position.step)
         partial = final.with_name(final.name + PARTIAL)
-        if ctx.is_main:
-            shutil.rmtree(partial, ignore_errors=True)  # a save cut short by an earlier crash
-            partial.mkdir(parents=True)
-        ctx.barrier()
-        rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
-        files = {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
-        everyone = ctx.all_gather_object(files)  # also: every rank has written its files
+
+        def clear() -> None:
+            if ctx.is_main:
+                shutil.rmtree(partial, ignore_errors=True)  # a save cut short by an earlier crash
+                partial.mkdir(parents=True)
+
+        def write_mine() -> dict[str, Any]:
+            # Every rank makes the directory it writes in: on its own node, rank 0's may not show yet.
+            partial.mkdir(parents=True, exist_ok=True)
+            rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
+            return {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
+
+        # Every rank enters both, whatever fails where: no rank is left alone in a collective.
+        together(ctx, clear)  # the others write once rank 0 has emptied the directory
+        everyone = together(ctx, write_mine)  # also: every rank has written its files
         manifest = {
             "format": FORMAT,
             "step": position.step,
@@ -183,7 +193,7 @@ class Checkpointer:
             )
         else:
             dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
-        self._pending = _Pending(written, partial, final, manifest, ctx.is_main)
+        self._pending = _Pending(written, partial, final, manifest, ctx.is_main, ctx)
         if not self.asynchronous:
             self.wait()
         self._last_save = time.monotonic()
@@ -198,6 +208,14 @@ class Checkpointer:
         if pending is None:
             return None
         start = time.perf_counter()
+        # Entered by every rank: a commit that fails on rank 0 (a full disk, the mirror's upload)
+        # stops every rank with its error, not the others in their next collective.
+        together(pending.ctx, lambda: self._commit(pending))
+        if pending.written is not None:
+            self.seconds_saving += time.perf_counter() - start
+        return pending.final
+
+    def _commit(self, pending: _Pending) -> None:
         if pending.written is not None:
             # Rank 0's save ends with DCP's metadata, written after every rank reported its files.
             pending.written.result()
@@ -219,9 +237,6 @@ class Checkpointer:
             self._prune()
             if self.mirror is not None:
                 self.mirror.save(pending.final)
-        if pending.written is not None:
-            self.seconds_saving += time.perf_counter() - start
-        return pending.final
 
     def _writer_group(self, ctx: DistContext) -> Any:
         """A gloo group of its own for the background writes: their collectives must not
@@ -247,16 +262,20 @@ class Checkpointer:
         this run keeps its global batch (see reshard.py; `per_worker_batch` as the strategy
         says). None otherwise, and when there is nothing to resume. Call it before the loader is
         built."""
-        saved: tuple[int, int, int] | None = None
-        if ctx.is_main and self.resume:
+
+        def shape() -> tuple[int, int, int] | None:
+            if not (ctx.is_main and self.resume):
+                return None
             try:
                 found = self._newest()
                 if found is not None:
                     m = json.loads((found[0] / MANIFEST).read_text())
-                    saved = (m["world_size"], m.get("global_batch", 0), m.get("grad_accum_steps", 1))
+                    return m["world_size"], m.get("global_batch", 0), m.get("grad_accum_steps", 1)
             except (CheckpointError, OSError, ValueError, KeyError):
-                saved = None  # restore() finds it again and says what is wrong
-        saved = ctx.all_gather_object(saved)[0]
+                pass  # restore() finds it again and says what is wrong
+            return None
+
+        saved = together(ctx, shape)[0]  # rank 0's look, on every rank (its failure too)
         if saved is None or saved[0] == ctx.world_size or not saved[1]:
             return None
         world, global_batch, accum = saved
@@ -275,32 +294,41 @@ class Checkpointer:
         """
         if not self.resume:
             return None
-        choice: tuple[str, str, str] | None = None
-        if ctx.is_main:  # one rank chooses, so that every rank loads the same checkpoint
-            try:
-                found = self._newest()
-                if found is not None:
-                    verify(found[0], strategy)
-                    choice = ("ok", str(found[0]), found[1])
-            except CheckpointError as exc:
-                choice = ("error", str(exc), "")
-        choice = ctx.all_gather_object(choice)[0]
+
+        def choose() -> tuple[str, str] | None:
+            if not ctx.is_main:
+                return None
+            found = self._newest()
+            if found is None:
+                return None
+            verify(found[0], strategy)
+            # In the run directory: by its name, which every rank finds under its own root.
+            return (found[0].name if found[0].parent == self.root else str(found[0])), found[1]
+
+        # One rank chooses, so that every rank loads the same checkpoint; its failure is everyone's.
+        choice = together(ctx, choose)[0]
         if choice is None:
             return None
-        status, where, source = choice
-        if status == "error":
-            raise CheckpointError(where)
-        path = Path(where)
-        manifest = json.loads((path / MANIFEST).read_text())
-        saved_world = manifest["world_size"]
-        if saved_world == ctx.world_size:
-            mine = torch.load(path / f"rank-{ctx.rank}.pt", map_location="cpu", weights_only=True)
-        else:  # resharded: every saved rank's place in the data
-            files = [
-                torch.load(path / f"rank-{r}.pt", map_location="cpu", weights_only=True) for r in range(saved_world)
-            ]
-            mine = reshard.rank_state(files, ctx.rank)
-        _same_model(path, state)
+        where, source = choice
+        path = self.root / where  # `where` absolute (recovery.resume_from): that path
+
+        def read_mine() -> tuple[int, dict[str, Any]]:
+            manifest = json.loads(_visible(path, MANIFEST, ctx).read_text())
+            saved_world = manifest["world_size"]
+            ranks = [ctx.rank] if saved_world == ctx.world_size else range(saved_world)
+            files = [_visible(path, f"rank-{r}.pt", ctx) for r in ranks]
+            _visible(path, f"{STATE}/.metadata", ctx)
+            loaded = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
+            # Resharded: every saved rank's place in the data.
+            mine = loaded[0] if saved_world == ctx.world_size else reshard.rank_state(loaded, ctx.rank)
+            _same_model(path, state)  # a pipeline stage checks its own layers: it may fail alone
+            return saved_world, mine
+
+        # Every rank reads its own files, where it stands; any rank that cannot stops them all
+        # (only the verdicts travel: each rank keeps what it read).
+        read: list[tuple[int, dict[str, Any]]] = []
+        together(ctx, lambda: read.append(read_mine()))
+        saved_world, mine = read[0]
         if _holds_best(path):  # early stopping's best epoch so far: room for it, for DCP to fill
             state.keep_best()
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
@@ -360,6 +388,7 @@ class _Pending:
     final: Path
     manifest: dict[str, Any]
     main: bool
+    ctx: DistContext  # whose ranks commit it together
 
 
 def _same_model(path: Path, state: TrainState) -> None:
@@ -381,6 +410,17 @@ def _same_model(path: Path, state: TrainState) -> None:
             f"{tensor_difference(compared, mine)}. "
             f"Start afresh (recovery.resume: false) or train the model it was written for"
         )
+
+
+def _visible(path: Path, name: str, ctx: DistContext) -> Path:
+    """`path / name`, or a CheckpointError saying that this rank does not see it where it runs."""
+    if not (path / name).is_file():
+        raise CheckpointError(
+            f"rank {ctx.rank} (host {socket.gethostname()}) cannot see {name} of checkpoint {path}: every rank "
+            f"reads its own files from it, so it must be on a volume every node mounts (recovery.checkpoint_dir, "
+            f"or recovery.resume_from, on a ReadWriteMany volume at the same path in every training pod)"
+        )
+    return path / name
 
 
 def _holds_best(path: Path) -> bool:

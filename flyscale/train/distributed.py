@@ -67,6 +67,15 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def from_main(self, obj: T) -> T:
+        """Rank 0's `obj`, on every rank. Every rank must call it, whatever it passes: a decision
+        made on rank 0 alone (a search's pruning) reaches the others here."""
+        if not self.distributed:
+            return obj
+        box: list[Any] = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
     def gather_object(self, obj: T) -> list[T]:
         """Every rank's `obj` in rank order on rank 0 (the others get an empty list)."""
         if not self.distributed:
@@ -163,6 +172,12 @@ def sampler_order(sampler: Sampler) -> torch.Tensor:
 def backend_for(device: torch.device) -> str:
     """NCCL for CUDA devices, gloo for everything else."""
     return "nccl" if device.type == "cuda" else "gloo"
+
+
+def local_world_size(ctx: DistContext) -> int:
+    """How many workers of this job run on this node (torch-elastic's LOCAL_WORLD_SIZE; all of
+    them where it is unset)."""
+    return _env_int("LOCAL_WORLD_SIZE", ctx.world_size)
 
 
 def _env_int(name: str, default: int) -> int:

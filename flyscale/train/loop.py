@@ -51,8 +51,12 @@ class Hooks:
     # start, model.init_from); a resumed checkpoint goes further, and wins. "" = fresh weights.
     start: str = ""
     # Asked on the main rank after each epoch's listeners: a reason to stop training now (a search
-    # pruning a trial that is behind), or "" to go on. Every rank stops together.
+    # pruning a trial that is behind), or "" to go on. Every rank stops together. Only the main
+    # rank needs it (the others may hold None): `fit` shares its answer with every rank.
     stop: Callable[[EpochMetrics], str] | None = None
+    # The worker count was chosen as the faster by timing (FLYSCALE_NPROC_PER_NODE=auto): the
+    # diagnosis does not advise fewer workers against that measurement.
+    workers_timed: bool = False
 
 
 NO_HOOKS = Hooks()
@@ -309,13 +313,13 @@ def fit(
                 )
             if verdict is not None and verdict.stop:  # the same metrics on every rank: all stop together
                 break
-            if hooks.stop is not None:
-                asked = hooks.stop(m) if ctx.is_main else ""
-                stopped_by = ctx.all_gather_object(asked)[0]  # rank 0's answer, for every rank
-                if stopped_by:
-                    if ctx.is_main:
-                        log.info("%s", stopped_by)
-                    break
+            # Entered by every rank every epoch, whatever hooks it holds: `stop` lives on rank 0
+            # only, and a collective entered on some ranks alone waits for the others forever.
+            stopped_by = ctx.from_main(hooks.stop(m) if ctx.is_main and hooks.stop is not None else "")
+            if stopped_by:
+                if ctx.is_main:
+                    log.info("%s", stopped_by)
+                break
     history.steps, history.steps_run = done[0], done[0] - position.step
     if ckpt is not None:
         # The last asynchronous save committed before the model is handed on, and before the best
@@ -324,7 +328,7 @@ def fit(
         history.checkpoints_saved, history.checkpoint_seconds = len(ckpt.saved), ckpt.seconds_saving
     # From the steady epochs' medians, as the scaling study's worker advice is (telemetry.steady).
     clock = grad_comm_seconds if isinstance(grad_comm_seconds, InFlight) else None
-    history.diagnosis = diagnose_epochs(history.epochs, cfg, ctx.world_size, clock)
+    history.diagnosis = diagnose_epochs(history.epochs, cfg, ctx.world_size, clock, hooks.workers_timed)
     if stopping is not None and state is not None and history.epochs:
         kept = early_stop.judge(history.epochs, stopping).best
         if kept != len(history.epochs) - 1:

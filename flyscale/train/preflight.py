@@ -39,7 +39,7 @@ from torch.utils.data import TensorDataset
 from flyscale.config import PreflightConfig, TrainConfig
 from flyscale.train import meta
 from flyscale.train.batches import TrainData, make_loader
-from flyscale.train.distributed import DistContext
+from flyscale.train.distributed import DistContext, local_world_size
 from flyscale.train.evaluator import evaluate_split
 from flyscale.train.loop import fit
 from flyscale.train.step import make_optimizer, make_scheduler, standard_step
@@ -72,6 +72,11 @@ class PreflightReport:
     samples_per_s_worldN: float = 0.0
     grad_comm_fraction: float = 0.0  # of the group's steps, with gradient all-reduces in flight
     slower_with_workers: str = ""  # the warning, when the worker group trained slower than one process
+    checked: bool = False  # whether a divergence stops the run (preflight.enabled); else only timed, for auto
+    # FLYSCALE_NPROC_PER_NODE=auto in a local run: the workers training runs on (0: the launcher's
+    # own count), and why, in one line for the summary.
+    workers: int = 0
+    workers_reason: str = ""
 
     @classmethod
     def skipped(cls) -> PreflightReport:
@@ -156,6 +161,22 @@ def _rate(history: TrainHistory) -> float:
     return statistics.median(m.samples_per_s for m in epochs)
 
 
+def keep_global_batch(
+    cfg: TrainConfig, report: PreflightReport, world_size: int, otherwise: str
+) -> tuple[TrainConfig, str]:
+    """The training config on `world_size` workers, and the summary's line on the workers. Where
+    `auto` chose a count other than the group the preflight timed, each worker's batch grows or
+    shrinks so that the global batch stays the one timed (the config's, at the timed count): the
+    same model either way, to float rounding. `otherwise`: how the count was set, when auto did
+    not choose it."""
+    timed = report.world_size
+    if report.workers and world_size == report.workers:
+        if world_size != timed:
+            cfg = dataclasses.replace(cfg, batch_size=cfg.batch_size * timed // world_size)
+        return cfg, report.workers_reason
+    return cfg, f"{world_size} ({otherwise})"
+
+
 def slower_with_workers(report: PreflightReport, cfg: TrainConfig) -> str:
     """Say so, with the numbers and the knobs, when the worker group trains slower than one
     process given the same cores; "" otherwise."""
@@ -171,24 +192,53 @@ def slower_with_workers(report: PreflightReport, cfg: TrainConfig) -> str:
     )
 
 
+def choose_workers(report: PreflightReport, rows: int) -> PreflightReport:
+    """`auto`: train on the faster of one process and the worker group, as the preflight timed
+    them on the same global batch of `rows`, which training keeps either way."""
+    one, group, n = report.samples_per_s_world1, report.samples_per_s_worldN, report.world_size
+    if one > group:
+        report.workers = 1
+        report.workers_reason = (
+            f"1 of {n} (auto: in the preflight one process trained {one:,.0f} samples/s, {n} workers {group:,.0f}; "
+            f"the global batch of {rows} rows kept)"
+        )
+    else:
+        report.workers = n
+        report.workers_reason = (
+            f"{n} (auto: in the preflight {n} workers trained {group:,.0f} samples/s, one process {one:,.0f})"
+        )
+    report.slower_with_workers = ""  # the choice answers it
+    return report
+
+
 def check(report: PreflightReport) -> PreflightReport:
-    """Raise with the numbers when the worker group diverged from one process."""
-    if not report.passed:
+    """Raise with the numbers when the worker group diverged from one process (only timed, for
+    `auto`: say so instead)."""
+    if not report.passed and not report.checked:
+        log.warning(
+            "the worker group's losses differ from one process's on the same batches (max relative difference "
+            "%.2e > %.0e); preflight.enabled: true stops a run on this\n%s",
+            report.max_rel_diff,
+            report.rtol,
+            report.table(),
+        )
+    elif not report.passed:
         raise ValueError(
             f"preflight failed: {report.strategy} at world size {report.world_size} diverges from one process "
             f"on the same global batches (max relative difference {report.max_rel_diff:.2e} > "
             f"preflight.rtol {report.rtol:.0e}). Suspect data sharding, learning-rate scaling, gradient "
             f"synchronisation, or a train setting the strategy does not apply.\n{report.table()}"
         )
-    log.info(
-        "preflight passed: %d steps of %s, world size 1 vs %d, max relative difference %.2e (rtol %.0e)\n%s",
-        report.steps,
-        report.strategy,
-        report.world_size,
-        report.max_rel_diff,
-        report.rtol,
-        report.table(),
-    )
+    elif report.checked:
+        log.info(
+            "preflight passed: %d steps of %s, world size 1 vs %d, max relative difference %.2e (rtol %.0e)\n%s",
+            report.steps,
+            report.strategy,
+            report.world_size,
+            report.max_rel_diff,
+            report.rtol,
+            report.table(),
+        )
     if report.slower_with_workers:
         log.warning("%s", report.slower_with_workers)
     return report
@@ -216,14 +266,19 @@ def run_preflight(
     ctx: DistContext,
     strategy_fn: Callable[..., Any],
     options: Any,
+    choose: bool = False,
 ) -> PreflightReport | None:
     """Run the check on every rank of the worker group; rank 0 returns the report (others None).
+    `choose` (FLYSCALE_NPROC_PER_NODE=auto, locally): the same steps time one process against
+    the group, and the report says which to train on; switched off, they are timed only.
 
     `build_model` must build the same initial weights whenever it is called after seeding.
     """
-    if not pcfg.enabled:
+    if not pcfg.enabled and not choose:
         return PreflightReport.skipped()
     rows = global_batch(strategy_fn, cfg, ctx.world_size)
+    if len(data.y_train) < rows and not pcfg.enabled:  # only timed for auto: the launcher's count stands
+        return PreflightReport(passed=True, world_size=0, workers_reason=f"too few training rows to time ({rows})")
     if len(data.y_train) < rows:
         raise ValueError(f"preflight needs {rows} training rows (one global batch), got {len(data.y_train)}")
     # One global batch and one step per epoch; DataLoader workers only cost start-up time here.
@@ -242,7 +297,10 @@ def run_preflight(
         with node_threads(ctx):  # the other workers are done: one process gets all their cores
             reference = single_process(without_dropout(build_model()), data, ref_cfg, ctx.device)
     report = compare(reference, worker_group, pcfg.rtol, cfg.strategy)
+    report.checked = pcfg.enabled
     report.slower_with_workers = slower_with_workers(report, cfg)
+    if choose:
+        choose_workers(report, rows)
     return check(report)
 
 
@@ -250,7 +308,7 @@ def run_preflight(
 def node_threads(ctx: DistContext) -> Iterator[None]:
     """This process runs with the threads of every worker on its node (CPU), then as it was."""
     before = torch.get_num_threads()
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size)
+    local = local_world_size(ctx)
     if ctx.device.type == "cpu":
         torch.set_num_threads(min(os.cpu_count() or before, before * max(local, 1)))
     try:

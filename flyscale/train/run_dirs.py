@@ -13,6 +13,11 @@ second run of the same training started while the first still runs finds the loc
 takes a directory of its own (`run-<key>-<owner>`): the two never write one checkpoint, and
 the second never resumes from a checkpoint the first is still writing. Pruning and
 `flyscale checkpoints` skip or mark directories that are held.
+
+The other ranks find the directory rank 0 claimed by its name, under their own base
+(`restart_directory`): on several nodes that base must be one volume every node mounts, which
+is proved before training (`shared_disk.check_shared`) rather than found out at the first
+checkpoint.
 """
 
 from __future__ import annotations
@@ -28,9 +33,13 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flyscale.train.checkpoint_files import CheckpointError, complete_checkpoints, step_of
+from flyscale.train.shared_disk import check_shared, together
+
+if TYPE_CHECKING:
+    from flyscale.train.distributed import DistContext
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +128,24 @@ def claimed_directory(base: str, key: str, owner: str) -> Iterator[Path]:
     raise CheckpointError(f"run {owner} already holds its own checkpoint directory {apart} in another process")
 
 
+@contextlib.contextmanager
+def restart_directory(ctx: DistContext, base: str, key: str, owner: str, probe: bool = True) -> Iterator[Path]:
+    """The run directory every rank checkpoints in: rank 0 claims it (`claimed_directory`) and
+    holds it until the block ends; every rank finds it by that name under its own `base`, which
+    on several nodes must be one volume that every node mounts. `probe`: prove that it is
+    (`check_shared`) before anything trains. Every rank enters every collective here, and a
+    failure on any rank (the claim is rank 0's alone) raises on every rank."""
+    with contextlib.ExitStack() as held:
+
+        def claim() -> str:
+            return held.enter_context(claimed_directory(base, key, owner)).name if ctx.is_main else ""
+
+        root = base_directory(base) / together(ctx, claim)[0]
+        if probe:
+            check_shared(ctx, root, base)
+        yield root
+
+
 @dataclass
 class RunCheckpoints:
     """One run directory under the checkpoint base, as `flyscale checkpoints` lists it."""
@@ -152,7 +179,12 @@ def prune(base: str, older_than_s: float, now: float | None = None) -> list[Path
     """Delete the run directories under `base` not written for `older_than_s` and held by no live
     run; what was deleted."""
     now = time.time() if now is None else now
-    gone = [r.path for r in run_directories(base) if now - r.modified > older_than_s and not r.held]
+    try:
+        runs = run_directories(base)
+    except OSError as exc:  # housekeeping: an unreadable base (or a folder deleted meanwhile) stops no training
+        log.warning("could not look for old checkpoints to delete under %s: %s", base_directory(base), exc)
+        return []
+    gone = [r.path for r in runs if now - r.modified > older_than_s and not r.held]
     for path in gone:
         shutil.rmtree(path, ignore_errors=True)
         log.info("deleted checkpoints of an old run: %s", path)

@@ -26,6 +26,16 @@ def replicas(strategy: Any, options: Any, world_size: int) -> int:
     return world_size if getattr(strategy, "per_worker_batch", True) else 1
 
 
+def any_worker_count(cfg: TrainConfig) -> bool:
+    """Whether the configured training computes the same model on any number of workers, given
+    the same global batch (ddp, fsdp: every worker takes its share of each batch), so that
+    FLYSCALE_NPROC_PER_NODE=auto may choose the count. Not a pipeline's stages or a mesh."""
+    fn = cfg.plugin.plugin
+    return (
+        bool(getattr(fn, "per_worker_batch", True)) and getattr(fn, "replicas", None) is None and cfg.workers() is None
+    )
+
+
 def wants_meta_model(cfg: TrainConfig) -> bool:
     """Whether the configured strategy takes its model on the meta device (`meta_model = True`)."""
     return bool(cfg.plugin.attribute("meta_model"))

@@ -94,6 +94,7 @@ class TrainHistory:
     # Per rank, the MiB of parameters, gradients and optimizer state it holds to train (after the
     # first epoch of this attempt, when all three exist); empty where the strategy gave no TrainState.
     state_mb: list[float] = field(default_factory=list)
+    workers: str = ""  # how many workers trained, and how that count was chosen, in one line
 
 
 def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
@@ -180,10 +181,15 @@ def steady(values: list[float]) -> tuple[float, float, float]:
 
 
 def diagnose_epochs(
-    epochs: list[EpochMetrics], cfg: TrainConfig, world_size: int = 1, comm: InFlight | None = None
+    epochs: list[EpochMetrics],
+    cfg: TrainConfig,
+    world_size: int = 1,
+    comm: InFlight | None = None,
+    workers_timed: bool = False,
 ) -> str:
     """The diagnosis of a whole training: `diagnose` on the steady epochs' medians, with their
-    spread where there are several."""
+    spread where there are several. `workers_timed`: the worker count was timed as the faster
+    (auto), so communication, however large its share, is not called the bottleneck."""
     if not epochs:
         return ""
     rates = {
@@ -201,7 +207,7 @@ def diagnose_epochs(
         name: f" (median of {counted} epochs, quartiles {r[1]:.0%}-{r[2]:.0%})" if counted > 2 else ""
         for name, r in rates.items()
     }
-    return diagnose(typical, cfg, world_size, comm, spread)
+    return diagnose(typical, cfg, 1 if workers_timed else world_size, comm, spread)
 
 
 def diagnose(
@@ -231,8 +237,8 @@ def diagnose(
             f"communication-bound: {comm.what if comm else 'gradient all-reduces'} are in flight "
             f"{m.grad_comm_fraction:.0%} of each step{said.get('grad_comm_fraction', '')} on {world_size} workers "
             f"({m.samples_per_s:,.0f} samples/s), so "
-            f"at this model size and batch one process with the same cores may train faster; preflight.enabled: true "
-            f"measures both and says. Knobs: {comm.knobs(cfg) if comm else data_parallel_knobs(cfg)}"
+            f"at this model size and batch one process with the same cores may train faster; "
+            f"FLYSCALE_NPROC_PER_NODE=auto times both and trains on the faster. Knobs: {comm.knobs(cfg) if comm else data_parallel_knobs(cfg)}"
         )
     return "; ".join(found)
 
