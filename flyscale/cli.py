@@ -218,7 +218,17 @@ def _version_parser(sub, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flyscale", description="flyscale command-line tools")
+    parser = argparse.ArgumentParser(
+        prog="flyscale",
+        description="flyscale command-line tools: plugins, checkpoints, the registry and served models.",
+        # Training and the other workflows are Flyte workflows, run with pyflyte, not commands of this tool.
+        epilog=(
+            "To train: pyflyte run workflows/train.py training_pipeline [--cfg configs/quick.yaml] (from the "
+            "repository; `make run` does the same). Search, scaling studies, batch prediction and data preparation "
+            "are the other workflows: workflows/search.py hyperparameter_search, workflows/scaling.py scaling_study, "
+            "workflows/predict.py batch_predict, workflows/data.py prepare_data. See README.md and docs/."
+        ),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     plugins = sub.add_parser("plugins", help="list installed plugins by kind, with where each came from")
     plugins.add_argument("--kind", choices=sorted(registry.ALL), help="show only this kind of plugin")

@@ -46,6 +46,16 @@ class UserError(click.ClickException, ValueError):
         return trace if message == str(self) else f"{trace}\n\n{message}"
 
 
+class RunInterrupted(click.ClickException):
+    """The run was stopped by a signal (a Ctrl-C): its one line, where training stopped and what
+    the same command does next, and the shell's exit code for the signal (128 + N: 130 for
+    SIGINT), not a traceback."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click reads it from the instance
+
+
 class InvariantBroken(RuntimeError):
     """A promise flyscale makes about the data (every row accounted for, splits disjoint) did not
     hold: a bug in flyscale or a plugin, never the user's data. A real error, not an `assert`,

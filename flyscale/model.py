@@ -6,7 +6,6 @@ flytekit's torch transformers unpickle, and torch>=2.6 refuses that)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import tempfile
 import warnings
@@ -16,6 +15,7 @@ import torch
 from torch import nn
 
 from flyscale.config import ModelConfig
+from flyscale.flyte import content
 from flyscale.plugin.contracts import DatasetInfo
 
 
@@ -42,12 +42,9 @@ def save_state(model: nn.Module, name: str) -> str:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes: the identity of a weights file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    """sha256 of a file's bytes: the identity of a weights file (read once per process: the
+    output's content hash reuses it)."""
+    return content.file_sha256(path)
 
 
 def load_state(model: nn.Module, path: str) -> nn.Module:

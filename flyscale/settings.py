@@ -119,6 +119,13 @@ EXIT_CODE_FILE = Setting(
     "set by the training pod's exit-code wrapper for the task it runs: where the task records how it failed",
     "pod",
 )
+INTERRUPT_NOTE = Setting(
+    "FLYSCALE_INTERRUPT_NOTE",
+    "",
+    "set by a local run for its training workers: the file where rank 0 notes the step a Ctrl-C stopped "
+    "training at, for the run to say as it exits",
+    "run",
+)
 VERBOSE = Setting(
     "FLYSCALE_VERBOSE",
     "",
@@ -141,5 +148,6 @@ ALL: tuple[Setting, ...] = (
     GIT_COMMIT,
     CACHE_DIR,
     EXIT_CODE_FILE,
+    INTERRUPT_NOTE,
     VERBOSE,
 )

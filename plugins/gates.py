@@ -96,13 +96,19 @@ class BeatsChampionOptions:
     min_absolute_change: float | None = None
     min_relative_change: float | None = None  # of the champion's value: 0.01 is 1 %
     greater_is_better: bool | None = None  # None: by the metric's nature
-    # The champion's test set differs from this run's (new data): False compares anyway and says
-    # so in the verdict; True fails the gate until both are judged on the same data.
+    # The champion is scored on this run's test split through its registered model, so both are
+    # judged on the same data. When it cannot be (its model does not load, or refuses this
+    # split): "fail" fails closed; "recorded" compares the metrics it recorded on its own test
+    # set, and says so; "pass" lets the candidate through.
+    unscorable: str = "fail"
+    # With unscorable: recorded, fail when those recorded metrics come from another test set.
     require_same_test_data: bool = False
 
     def __post_init__(self):
         if self.greater_is_better is None:
             _judged(self.metric)
+        if self.unscorable not in UNSCORABLE:
+            raise ValueError(f"unscorable must be one of {list(UNSCORABLE)}, got {self.unscorable!r}")
         for name in ("min_absolute_change", "min_relative_change"):
             value = getattr(self, name)
             if value is not None and value < 0:
@@ -112,10 +118,15 @@ class BeatsChampionOptions:
         return self.greater_is_better if self.greater_is_better is not None else _judged(self.metric)
 
 
+UNSCORABLE = ("fail", "recorded", "pass")
+
+
 class BeatsChampion:
-    """Pass when the candidate is better than the current champion (the first model passes)."""
+    """Pass when the candidate is better than the current champion (the first model passes),
+    both scored on the candidate's test split."""
 
     options_type = BeatsChampionOptions
+    compares_champion = True  # flyscale scores the champion on this run's test split first
 
     def reads(self, options: BeatsChampionOptions) -> list[str]:
         return [options.metric]
@@ -131,6 +142,23 @@ class BeatsChampion:
         if champion is None:
             return GateVerdict("beats_champion", True, f"no champion yet; test {m} {value:.4f}")
         version = f"champion v{champion.get('version', 0):.0f}"
+        if champion.get("other_kind"):
+            return GateVerdict(
+                "beats_champion",
+                True,
+                f"{version} is another kind of model, replaced (mlflow.replace_kind); test {m} {value:.4f}",
+            )
+        scored = champion.get("scored", 1.0)  # a caller that never scores it: its metrics as given
+        if not scored and options.unscorable != "recorded":
+            why = f"{version} could not be scored on this run's test split (the summary's test data line says why)"
+            if options.unscorable == "pass":
+                return GateVerdict("beats_champion", True, f"{why}; passed, as unscorable: pass says")
+            return GateVerdict(
+                "beats_champion",
+                False,
+                f"{why}: failing closed (option unscorable: recorded compares the metrics it recorded on its own "
+                f"test set; pass lets this candidate through)",
+            )
         if m not in champion:
             return GateVerdict("beats_champion", False, f"{version} has no {m} to compare")
         if options.require_same_test_data and not champion.get("same_test_data", 1.0):
@@ -153,10 +181,18 @@ class BeatsChampion:
             checks.append((gain > 0, "strictly"))
         passed = all(ok for ok, _ in checks)
         better = "better" if passed else "not better"
+        where = (
+            "both on this run's test split"
+            if scored and "scored" in champion
+            else "the champion's as recorded, on the same test data"
+            if champion.get("same_test_data", 1.0)
+            else "the champion's as recorded, on OTHER test data"
+        )
         return GateVerdict(
             "beats_champion",
             passed,
-            f"test {m} {value:.4f} vs {version} {base:.4f}: {better} " + " and ".join(text for _, text in checks),
+            f"test {m} {value:.4f} vs {version} {base:.4f}, {where}: {better} "
+            + " and ".join(text for _, text in checks),
         )
 
 
@@ -205,6 +241,12 @@ class Quantization:
     def check(
         self, metrics: Mapping[str, float], options: QuantizationOptions, champion: Mapping[str, float] | None
     ) -> GateVerdict:
+        if metrics.get("int8_pays") == 0.0:  # not smaller and faster: no int8 twin, so nothing of it to bound
+            return GateVerdict(
+                "quantization",
+                True,
+                "int8 is not registered: it is not both smaller and faster (the int8 line says why)",
+            )
         wanted = [(name, bound, False) for name, bound in options.costs()]
         if options.min_speedup:
             wanted.append((f"int8_speedup_b{options.batch_size}", options.min_speedup, True))

@@ -67,8 +67,10 @@ class LanguageModelingOptions:
     temperature: float = 0.8
 
     def __post_init__(self):
-        if self.sample_tokens < 0 or self.max_new_tokens < 0:
-            raise ValueError("sample_tokens and max_new_tokens must be >= 0")
+        if self.sample_tokens < 0:
+            raise ValueError(f"sample_tokens must be >= 0, got {self.sample_tokens}")
+        if self.max_new_tokens < 1:  # the served model refuses a request for none
+            raise ValueError(f"max_new_tokens must be >= 1 (the served model's default), got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: always the likeliest token), got {self.temperature}")
 

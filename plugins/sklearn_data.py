@@ -27,6 +27,7 @@ class Diabetes:
 
     options_type = None
     default_augmentations = ()
+    objective = "regression"  # a real-valued target: what it is for (its default model name)
 
     def info(self, options) -> DatasetInfo:
         return DatasetInfo(

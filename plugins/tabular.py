@@ -23,6 +23,7 @@ info (`inferred`), so flyscale can pin it and hold later batches to it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -133,14 +134,28 @@ class Tabular:
         """The feature columns and their types, checked against every file's schema."""
         fmt = self._fmt(options)
         first = sources.schema(files[0], fmt)
+        skip = {options.label, *options.ignore}
         if options.features:
             features = list(options.features)
         else:
-            skip = {options.label, *options.ignore}
             features = [f.name for f in first if f.name not in skip]
         types: dict[str, str] = {}
         for source in files:
             found = sources.schema(source, fmt)
+            if not options.features:  # inferred from the first file: the file a column is missing from is named
+                lacking = [c for c in features if c not in found.names]
+                more = [c for c in found.names if c not in features and c not in skip]
+                why = "the features are inferred from the first file's columns, so every file needs the same ones"
+                if lacking:
+                    raise ValueError(
+                        f"{source.uri} has no column {', '.join(map(repr, lacking))}, which {files[0].uri} has ({why})"
+                    )
+                if more:  # the first file may be the one short of a column
+                    raise ValueError(
+                        f"{files[0].uri} has no column {', '.join(map(repr, more))}, which {source.uri} has: "
+                        f"unexpected column(s) {more} ({why}). List columns to skip in data.options.ignore, or name "
+                        f"the features in data.options.features"
+                    )
             self._check_file(options, source, found, features)
             for name in features:
                 kind = found.field(name).type
@@ -199,7 +214,13 @@ class Tabular:
         features, types = self._columns(options, files)
         shape = [int(d) for d in options.input_shape] or [len(features)]
         if math.prod(shape) != len(features):
-            raise ValueError(f"data.options.input_shape {shape} does not hold the {len(features)} features {features}")
+            gaps = _gaps(features)
+            raise ValueError(
+                f"data.options.input_shape {shape} holds {math.prod(shape)} values, and there are {len(features)} "
+                f"features"
+                + (f" (inferred from {files[0].uri})" if not options.features else "")
+                + (f": {', '.join(map(repr, gaps))} missing from their numbered run" if gaps else f": {features}")
+            )
         unknown = sorted(set(options.ranges) - set(features))
         if unknown:
             raise ValueError(f"data.options.ranges names {unknown}, which are not feature columns of {files[0].uri}")
@@ -269,3 +290,13 @@ parquet = Tabular("parquet")
 csv = Tabular("csv")
 parquet_stream = Tabular("parquet", streaming=True)
 csv_stream = Tabular("csv", streaming=True)
+
+
+def _gaps(names: list[str]) -> list[str]:
+    """The names a numbered run of columns skips (pixel_0 .. pixel_63 without pixel_17: pixel_17)."""
+    runs: dict[str, set[int]] = {}
+    for name in names:
+        match = re.fullmatch(r"(.*?)(\d+)", name)
+        if match:
+            runs.setdefault(match.group(1), set()).add(int(match.group(2)))
+    return [f"{prefix}{i}" for prefix, seen in runs.items() for i in range(min(seen), max(seen)) if i not in seen]

@@ -59,6 +59,7 @@ class PythonDocs:
 
     options_type = None
     default_augmentations = ()
+    objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options) -> DatasetInfo:
         return _info("python_docs")
@@ -109,6 +110,7 @@ class Text:
 
     options_type = TextOptions
     default_augmentations = ()
+    objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options: TextOptions) -> DatasetInfo:
         return _info("text")

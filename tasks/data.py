@@ -21,10 +21,11 @@ from flyscale.data.augment import augment
 from flyscale.data.drift import profile
 from flyscale.data.reference import Reference
 from flyscale.data.schemas import LabeledFrame
-from flyscale.data.shards import Shards
+from flyscale.data.shards import ContentShards, Shards
 from flyscale.data.source import DataFingerprint, frame_hash
 from flyscale.data.split import split
 from flyscale.flyte.caching import LIBRARIES, code_cache
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
@@ -55,27 +56,34 @@ class Loaded(NamedTuple):
 # rows re-run nothing after them (no retraining because the champion changed).
 class Validated(NamedTuple):
     clean: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
-    validated: ValidatedData
+    validated: Annotated[ValidatedData, BY_CONTENT]
     run: TaskRun
 
 
+# Every split, table and record below is keyed by content downstream (ContentShards, BY_CONTENT):
+# a task that runs again and writes the same bytes re-runs nothing after it.
 class Splits(NamedTuple):
-    train: DataFrame[LabeledFrame]
-    val: Shards
-    test: Shards
+    train: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
+    val: ContentShards
+    test: ContentShards
     run: TaskRun
 
 
 class Augmented(NamedTuple):
-    train: Shards
+    train: ContentShards
     run: TaskRun
 
 
+class Keyed(NamedTuple):
+    train: ContentShards
+    val: ContentShards
+
+
 class Streamed(NamedTuple):
-    train: Shards
-    val: Shards
-    test: Shards
-    validated: ValidatedData
+    train: ContentShards
+    val: ContentShards
+    test: ContentShards
+    validated: Annotated[ValidatedData, BY_CONTENT]
     run: TaskRun
 
 
@@ -200,6 +208,15 @@ def prepare_stream(
         prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
     )
     return Streamed(prepared.train, prepared.val, prepared.test, found, run.done())
+
+
+# Never cached: it computes nothing. Inside a @dynamic the splits are plain values, which enter the
+# cache keys of the tasks they are handed to by where they were written; handed on through this
+# task they enter by their content (the sha256 each was written with: nothing is read).
+@task(cache=False, **TASK, requests=SMALL)
+def by_content(train: Shards, val: Shards) -> Keyed:
+    """The splits as they are, keyed by their content in the tasks they are handed to."""
+    return Keyed(train, val)
 
 
 @task(cache=False, **TASK, requests=SMALL)

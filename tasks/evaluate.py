@@ -1,5 +1,6 @@
 """Evaluation stages: test metrics for the fp32 model, quantization measured side by side with
-it, and the gates, which judge all of it against the champion as it is now."""
+it, and the gates, which judge all of it against the champion as it is now (scored on this run's
+test split where a gate compares with it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import torch
 from flytekit import Deck, task
@@ -21,22 +22,32 @@ from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches, calibration_batches
 from flyscale.data.tokenize import TokenStats
 from flyscale.evaluate import gating
-from flyscale.evaluate.comparison import compare
+from flyscale.evaluate.comparison import Comparison, compare
 from flyscale.evaluate.gating import Judgment
 from flyscale.evaluate.metrics import EvalMetrics, evaluate_batches
-from flyscale.evaluate.quantize import quantize, quantize_onnx, works_on_onnx
+from flyscale.evaluate.quantize import STATIC, quantize, quantize_onnx, works_on_onnx
 from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state, save_state
 from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
 from flyscale.render.decks import evaluation_html
+from flyscale.tracking import kind, same_split
 from flyscale.tracking.champion import read_baseline
+from flyscale.tracking.reference import remeasure
 from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
 from tasks.common import DECKS, SMALL, TASK
-from tasks.records import EvaluatedModel, ExportedModel, QuantizedModel, ServedModel
+from tasks.records import (
+    EvaluatedModel,
+    ExportedModel,
+    QuantizedModel,
+    ServedModel,
+    ValidatedData,
+    keyed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +58,7 @@ class Evaluated(NamedTuple):
 
 
 class Quantized(NamedTuple):
-    model: QuantizedModel
+    model: Annotated[QuantizedModel, BY_CONTENT]  # keyed by content downstream
     run: TaskRun
 
 
@@ -86,34 +97,44 @@ def latency_inputs(objective: Any, info: DatasetInfo) -> dict[str, Any]:
 TOKEN_BATCH_SIZES = (1, 8, 32)
 
 
-@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+# The weights and the tokenizer enter the key by their sha256 (a record's field has no hash of its own).
+@task(cache=code_cache("models", "objectives", ignored_inputs=("weights", "tokenizer")), **TASK, requests=SMALL)
 def evaluate_model(
     weights: FlyteFile,
+    weights_sha256: str,  # TrainedModel.sha256
     test: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokens: TokenStats | None = None,
     tokenizer: FlyteFile | None = None,
+    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
 ) -> Evaluated:
     """The objective's metrics of the trained model on the test split (a classifier's accuracy,
     macro-F1, per-class precision and recall, calibration and confusion matrix; a language
     model's perplexity and bits per byte, and its continuations of fixed prompts), and the
     fingerprint of that split. Text (`tokens`, `tokenizer`): bits per byte, and samples decoded."""
     run = TaskRun.start("evaluate_model")
+    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     path = weights.download()
     model = load_state(build_model(model_cfg, info), path)
     context = objective_context(info, tokens, tokenizer)
     metrics = evaluate_batches(model, batches(test, info), objectives.of(objective), context)
     metrics.weights_sha256 = file_sha256(path)
+    assert metrics.weights_sha256 == weights_sha256, "the weights are not those their sha256 (the cache key) says"
     return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())), run.done())
 
 
 @task(
-    cache=code_cache("models", "quantizers", "objectives"), **TASK, requests=SMALL, enable_deck=True, deck_fields=DECKS
+    cache=code_cache("models", "quantizers", "objectives", ignored_inputs=("weights", "onnx_model", "tokenizer")),
+    **TASK,
+    requests=SMALL,
+    enable_deck=True,
+    deck_fields=DECKS,
 )
 def quantize_model(
     weights: FlyteFile,
+    weights_sha256: str,  # TrainedModel.sha256
     train: Shards,
     test: Shards,
     info: DatasetInfo,
@@ -122,9 +143,11 @@ def quantize_model(
     fp32: EvalMetrics,
     history: TrainHistory,
     onnx_model: FlyteFile,
+    onnx_sha256: str,  # ExportedModel.sha256 ("" with no export: an empty file)
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokens: TokenStats | None = None,
     tokenizer: FlyteFile | None = None,
+    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
 ) -> Quantized:
     """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
     model on the same test split, and time both models side by side at batch 1, 8, 64 and 256.
@@ -133,9 +156,9 @@ def quantize_model(
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
     run = TaskRun.start("quantize_model")
+    keyed(weights, weights_sha256, "the weights")
+    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     goal = objectives.of(objective)
-    fp32_model: torch.nn.Module
-    qmodel: torch.nn.Module
     exported = Path(onnx_model.download())
     if works_on_onnx(cfg) and (exported.stat().st_size == 0 or zipfile.is_zipfile(exported)):  # none, or a .pt2
         fallback = QuantizeConfig(name="torch_dynamic_int8")
@@ -146,34 +169,66 @@ def quantize_model(
             fallback.name,
         )
         cfg = fallback
-    if works_on_onnx(cfg):  # the exported file, quantized and measured as it will be served
-        calibration = None
-        if cfg.plugin.attribute("calibrates"):
-            calibration = [
-                onnx.model_inputs(x, torch.zeros(len(x), dtype=torch.long), goal).numpy()
-                for x in calibration_batches(train, info)
-            ]
-        served = onnx.OnnxModule(exported)
-        served_int8 = onnx.OnnxModule(quantize_onnx(served.path, cfg, calibration))
-        fp32 = dataclasses.replace(fp32, size_bytes=served.size_bytes())  # sizes of the files served
-        fp32_model, qmodel, out, fmt = served, served_int8, str(served_int8.path), "onnx"
-    else:
-        fp32_model = load_state(build_model(model_cfg, info), weights.download())
-        qmodel = quantize(fp32_model, cfg, calibration_batches(train, info))
-        out, fmt = save_state(qmodel, "model_int8.pt"), "torch"
-    metrics = evaluate_batches(qmodel, batches(test, info), goal, objective_context(info, tokens, tokenizer))
-    if fmt == "onnx":
-        metrics.size_bytes = Path(out).stat().st_size
-    comparison = compare(
-        fp32_model,
-        qmodel,
-        cfg.name,
-        fp32,
-        metrics,
-        fields.model_input_shape(info),
-        metrics=goal.metrics,
-        **latency_inputs(goal, info),
-    )
+    context = objective_context(info, tokens, tokenizer)
+
+    def measured(cfg: QuantizeConfig, fp32: EvalMetrics) -> tuple[torch.nn.Module, EvalMetrics, Comparison, str]:
+        """The int8 model `cfg` makes, evaluated and timed beside fp32: (int8, its metrics, the comparison, its file)."""
+        fp32_model: torch.nn.Module
+        qmodel: torch.nn.Module
+        if works_on_onnx(cfg):  # the exported file, quantized and measured as it will be served
+            calibration = None
+            if cfg.plugin.attribute("calibrates"):
+                calibration = [
+                    onnx.model_inputs(x, torch.zeros(len(x), dtype=torch.long), goal).numpy()
+                    for x in calibration_batches(train, info)
+                ]
+            fp32_model = onnx.OnnxModule(exported)
+            qmodel = onnx.OnnxModule(quantize_onnx(fp32_model.path, cfg, calibration))
+            out = str(qmodel.path)
+        else:
+            fp32_model = load_state(build_model(model_cfg, info), weights.download())
+            qmodel = quantize(fp32_model, cfg, calibration_batches(train, info))
+            out = save_state(qmodel, "model_int8.pt")
+        metrics = evaluate_batches(qmodel, batches(test, info), goal, context)
+        if works_on_onnx(cfg):
+            metrics.size_bytes = Path(out).stat().st_size
+        comparison = compare(
+            fp32_model,
+            qmodel,
+            cfg.name,
+            fp32,
+            metrics,
+            fields.model_input_shape(info),
+            metrics=goal.metrics,
+            **latency_inputs(goal, info),
+        )
+        return qmodel, metrics, comparison.judge(), out
+
+    if works_on_onnx(cfg):  # sizes of the files served
+        fp32 = dataclasses.replace(fp32, size_bytes=onnx.OnnxModule(exported).size_bytes())
+    qmodel, metrics, comparison, out = measured(cfg, fp32)
+    twin_always = cfg.twin == "always"
+    if (
+        not comparison.pays
+        and not twin_always
+        and works_on_onnx(cfg)
+        and cfg.name != STATIC
+        and onnx.has_convolutions(exported)
+    ):
+        # Dynamic int8 leaves convolutions in fp32 (ONNX Runtime's ConvInteger is slow on CPU):
+        # on a convolutional model, static QDQ, calibrated on training rows, is what can pay.
+        static = QuantizeConfig(name=STATIC, twin=cfg.twin)
+        log.info("int8 %s; trying %s (QDQ) for the convolutions", comparison.verdict, STATIC)
+        first, second = comparison, measured(static, fp32)
+        if second[2].pays:
+            qmodel, metrics, comparison, out = second
+            comparison.verdict += f"; {cfg.name} was tried first and {first.verdict}"
+            cfg = static
+        else:
+            comparison.verdict += f"; {STATIC} (QDQ, for the convolutions) was tried too and {second[2].verdict}"
+    if not comparison.pays and twin_always:  # registered all the same, as config says
+        comparison.pays, comparison.verdict = True, f"registered as quantize.twin: always says; it {comparison.verdict}"
+    fmt = "onnx" if works_on_onnx(cfg) else "torch"
     figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
     quantized = QuantizedModel(FlyteFile(out), metrics, comparison, FlyteDirectory(figures), fmt, cfg.name)
@@ -191,10 +246,22 @@ def gate_model(
     served: ServedModel,
     cfg: GatesConfig,
     champion_of: MlflowConfig,
+    test: Shards,
+    validated: ValidatedData,
+    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Judged:
     """Every configured gate against the live champion; each verdict says why, and against whom.
-    The gates see the test metrics, int8's, the export's parity and the served model's load test."""
+    The gates see the test metrics, int8's, the export's parity and the served model's load test;
+    a gate that compares with the champion sees it scored on this run's `test` split through its
+    registered model. Drift is measured against that champion too, if validation (perhaps from
+    the cache) measured it against another reference."""
     champion = read_baseline(champion_of, fp32.metrics.weights_sha256)
+    info = validated.info
+    if champion.version and gating.compares_champion(cfg):
+        goal = objectives.of(objective)
+        context = objective_context(info, validated.tokens, validated.tokenizer)
+        candidate = kind.ModelKind.of(info, objective.name)
+        champion = same_split.score(champion_of, champion, candidate, batches(test, info), goal, context)
     metrics = {
         **fp32.metrics.scalars(),
         **int8.metrics.scalars("int8_"),
@@ -203,4 +270,9 @@ def gate_model(
         **served.scalars(),
     }
     judgment = gating.judge(cfg, metrics, champion, fp32.test_sha256)
+    again = remeasure(champion_of, champion, validated.report.reference, validated.profile)
+    if again is not None:
+        judgment = dataclasses.replace(
+            judgment, remeasured=True, reference=again.reference, drift=again.drift, reference_note=again.note
+        )
     return Judged(judgment=judgment, passed=judgment.passed)

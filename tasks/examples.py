@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import pandas as pd
 from flytekit import Deck, map_task, task
@@ -16,9 +16,10 @@ from flyscale.config import DataConfig, MlflowConfig
 from flyscale.data import example_combine, example_prep, shards, source, validation
 from flyscale.data.example_prep import ORIGIN, ShardPart
 from flyscale.data.reference import Reference
-from flyscale.data.shards import Shards
+from flyscale.data.shards import ContentShards, Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import LIBRARIES, code_cache
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.contracts import DatasetInfo
@@ -56,11 +57,12 @@ def plan_shards(cfg: DataConfig, fingerprint: DataFingerprint, reference: Refere
     return ShardPlan(info, [ShardRef(i, name) for i, name in enumerate(source.shards(cfg))])
 
 
+# Keyed by content downstream: combined again into the same bytes, nothing after it re-runs.
 class Combined(NamedTuple):
-    train: Shards
-    val: Shards
-    test: Shards
-    validated: ValidatedData
+    train: ContentShards
+    val: ContentShards
+    test: ContentShards
+    validated: Annotated[ValidatedData, BY_CONTENT]
     runs: list[TaskRun]  # the combine's stamp, then each shard's
 
 
@@ -113,5 +115,7 @@ def combine_shards(
     found = ValidatedData(
         prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
     )
-    train, val, test = (Shards(s.dir, s.rows, cfg.streaming) for s in (prepared.train, prepared.val, prepared.test))
+    train, val, test = (
+        Shards(s.dir, s.rows, cfg.streaming, s.sha256) for s in (prepared.train, prepared.val, prepared.test)
+    )
     return Combined(train, val, test, found, [run.done(), *(p.run for p in parts if p.run is not None)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 from flytekit import task
 from flytekit.types.file import FlyteFile
@@ -15,24 +15,27 @@ from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches
 from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.train import objective as objectives
 from tasks.common import SMALL, TASK
-from tasks.records import ExportedModel
+from tasks.records import ExportedModel, keyed
 
 log = logging.getLogger(__name__)
 
 
 class Exported(NamedTuple):
-    model: ExportedModel
+    model: Annotated[ExportedModel, BY_CONTENT]  # keyed by content downstream, its file by `sha256`
     run: TaskRun
 
 
-@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+# The weights enter the key by their sha256 (a record's field has no hash of its own).
+@task(cache=code_cache("models", "objectives", ignored_inputs=("weights",)), **TASK, requests=SMALL)
 def export_model(
     weights: FlyteFile,
+    weights_sha256: str,  # TrainedModel.sha256
     test: Shards,
     info: DatasetInfo,
     model_cfg: ModelConfig,
@@ -42,6 +45,7 @@ def export_model(
     fail unless ONNX Runtime answers the test split as the PyTorch model does. A model torch
     cannot export is handed on without an export (an empty file, no sha256), with the reason."""
     run = TaskRun.start("export_model")
+    keyed(weights, weights_sha256, "the weights")
     model = load_state(build_model(model_cfg, info), weights.download())
     goal = objectives.of(objective)
     x, y = next(iter(batches(test, info)))

@@ -25,7 +25,16 @@ from flyscale.cluster.launchers import (
     training_resources,
     workers_auto,
 )
-from flyscale.config import DataConfig, ModelConfig, ObjectiveConfig, PreflightConfig, TokenizeConfig, TrainConfig
+from flyscale.config import (
+    DataConfig,
+    MlflowConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    PreflightConfig,
+    TokenizeConfig,
+    TrainConfig,
+)
+from flyscale.config.publishing import default_model_name
 from flyscale.data import source
 from flyscale.data.fields import real_target
 from flyscale.data.shards import Shards
@@ -34,7 +43,7 @@ from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model
 from flyscale.plugin.contracts import DatasetInfo
-from flyscale.tracking import start
+from flyscale.tracking import kind, start
 from flyscale.tracking.store import tracking_uri
 from flyscale.train import distributed, preflight
 from flyscale.train import objective as objectives
@@ -55,11 +64,13 @@ def check_model(
     cfg: TrainConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokenize: TokenizeConfig = TokenizeConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    mlflow_cfg: MlflowConfig | None = None,
 ) -> ModelCheck:
     """Before any data work: build the model on the meta device (shapes, no weights) from what
     the dataset declares, and refuse one the training cannot train at the launcher's world size
-    (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out; and
-    refuse data without a label for an objective that needs one."""
+    (a plain nn.Module or BatchNorm under `pipeline`, ...), naming the layer and the way out;
+    refuse data without a label for an objective that needs one; and (`mlflow_cfg`, where the
+    run registers) a model of another kind than the one registered under its name."""
     # Documents reach the model as the token sequences the tokenize step will make of them.
     info = planned_info(source.info(data_cfg), tokenize)
     if not info.label_column and objective.plugin.attribute("labelled"):
@@ -91,6 +102,11 @@ def check_model(
             f"model {model_cfg.name!r} cannot be trained with train.strategy {cfg.strategy!r} on {world_size} "
             f"worker(s): {exc}. Nothing was read or trained yet"
         ) from None
+    if mlflow_cfg is not None:  # before any data work: the name's kind, read from the registry now
+        natural = str(data_cfg.plugin.attribute("objective"))
+        default = default_model_name(data_cfg.dataset, objective.name, natural)
+        candidate = kind.ModelKind.of(info, objective.name)
+        kind.check(mlflow_cfg, candidate, default if default != mlflow_cfg.model_name else "")
     return ModelCheck(
         model=model_cfg.name,
         strategy=cfg.strategy,

@@ -3,10 +3,15 @@
 A workflow passes a record whole (registration takes them all) or one field of it
 (`validated.info`), which Flyte resolves without running anything. Files travel as FlyteFile
 and FlyteDirectory fields, uploaded and downloaded by Flyte, never behind its back.
+
+A task returns each record `Annotated[..., BY_CONTENT]`: a task that takes it whole is keyed on
+its content, not on where its files were written. A file taken out of a record (`trained.weights`)
+enters a key by the sha256 beside it (`trained.sha256`), the file itself an ignored input.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from flytekit.types.directory import FlyteDirectory
@@ -19,8 +24,16 @@ from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.flyte.content import file_sha256
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.train.telemetry import TrainHistory
+
+
+def keyed(file: FlyteFile | None, sha256: str, name: str) -> None:
+    """Refuse a file whose task's cache key would hold nothing of it: a file taken out of a record
+    (which carries no content hash of its own) is an ignored input, and enters the key by the
+    sha256 passed beside it."""
+    assert file is None or sha256, f"{name} came without its sha256: the task's cache key would not hold it"
 
 
 @dataclass
@@ -61,14 +74,20 @@ class ValidatedData:
     # (its JSON), which a model of them carries.
     tokens: TokenStats | None = None
     tokenizer: FlyteFile | None = None
+    tokenizer_sha256: str = ""  # what the cache keys of the tasks that take `tokenizer` hold of it
 
 
 @dataclass
 class TrainedModel:
-    """The trained weights (a state_dict file) and how training went."""
+    """The trained weights (a state_dict file), their sha256, and how training went."""
 
     weights: FlyteFile
     history: TrainHistory
+    sha256: str = ""  # the weights': what the cache keys of the tasks that take `weights` hold of them
+
+    def with_sha256(self) -> TrainedModel:
+        """This model, its weights' sha256 filled in (by the training task, where they were written)."""
+        return dataclasses.replace(self, sha256=file_sha256(self.weights.path))
 
 
 @dataclass

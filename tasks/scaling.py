@@ -33,7 +33,7 @@ from flyscale.config import (
 )
 from flyscale.data import fields, shards
 from flyscale.data.augment import augment
-from flyscale.data.shards import Shards
+from flyscale.data.shards import ContentShards, Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.data.tensors import batches
 from flyscale.flyte.caching import LIBRARIES, code_cache
@@ -69,6 +69,7 @@ from flyscale.tracking.store import tracking_uri
 from flyscale.train import objective as objectives
 from flyscale.train.distributed import torch_threads
 from tasks.common import DECKS, SMALL, TASK, task_options
+from tasks.data import by_content
 from tasks.train import IGNORED, train_job
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,8 @@ register(
 
 
 class Subset(NamedTuple):
-    original: Shards
-    augmented: Shards
+    original: ContentShards
+    augmented: ContentShards
 
 
 class PointTasks(PinnedImageResolver):
@@ -252,6 +253,7 @@ def run_study(
     """Every point of the plan as an ordinary cached training run, and what it measured."""
     specs = plan(cfg.scaling)
     seed = cfg.scaling.seed
+    train, val = by_content(train=train, val=val)  # keyed by content again, not by where they were written
     subsets = {
         f: subset_examples(train=train, info=info, fraction=f, seed=seed)
         if info.fields

@@ -29,6 +29,7 @@ from flyscale.search.study import TrialResult, TrialSpec
 from flyscale.tracking.live import close_failed_runs
 from flyscale.train.preflight import PreflightReport
 from tasks.common import SMALL, TASK
+from tasks.data import by_content
 from tasks.records import TrainedModel
 from tasks.train import train_model
 
@@ -71,12 +72,13 @@ def run_trials(
     specs = study.ask(cfg, at.name, at.storage, cfg.search.concurrency, at.parent_run_id)
     if not specs:
         return done
+    keyed = by_content(train=train, val=val)  # keyed by content again, not by where they were written
     trained, runs = [], []
     for spec in specs:
         trial = study.trial_config(cfg, spec)
         model, run = train_model(
-            train=train,
-            val=val,
+            train=keyed.train,
+            val=keyed.val,
             info=info,
             model_cfg=trial.model,
             cfg=trial.train,
@@ -117,15 +119,16 @@ def tell_trials(
     done: list[TrialResult],
     started: TaskRun,
 ) -> list[TrialResult]:
-    """Tell the study how the round's trials ended; a trial the cache replayed gets a child run of
-    this study's parent run that says so."""
+    """Tell the study how the round's trials ended, and end each trial's child run of this study's
+    parent run (FINISHED, its state a tag, its config as params); a trial the cache replayed gets
+    one that says so."""
     opened = study.load(at.name, at.storage, cfg.search)
     told = []
     for spec, model, run in zip(specs, trained, runs):
         replayed = run.cached(started.started_at)
         result = study.tell(opened, spec, model.history, replayed)
-        if replayed:
-            result = dataclasses.replace(result, run_id=report.replayed_child(cfg, at, result, model.history))
+        ended = 0.0 if replayed else run.started_at + run.seconds
+        result = dataclasses.replace(result, run_id=report.close_trial(cfg, at, result, model.history, ended))
         log.info("trial %d: %s %s = %.4f %s", result.number, result.state, cfg.search.metric, result.value, spec.params)
         told.append(result)
     return [*done, *told]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 from flytekit import task
 from flytekit.types.directory import FlyteDirectory
@@ -14,31 +14,43 @@ from flytekit.types.file import FlyteFile
 
 from flyscale.config import ModelConfig, ObjectiveConfig, ServingConfig
 from flyscale.flyte.caching import LIBRARIES, code_cache
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.contracts import DatasetInfo
 from tasks.common import SMALL, TASK
-from tasks.records import ExportedModel, ServedLevel, ServedModel
+from tasks.records import ExportedModel, ServedLevel, ServedModel, keyed
 
 
 class Served(NamedTuple):
-    model: ServedModel
+    model: Annotated[ServedModel, BY_CONTENT]  # keyed by content downstream
     run: TaskRun
 
 
-@task(cache=code_cache("models", "objectives", libraries=(*LIBRARIES, "mlflow", "onnxruntime")), **TASK, requests=SMALL)
+# The weights and the tokenizer enter the key by their sha256 (a record's field has no hash of its own).
+@task(
+    cache=code_cache(
+        "models", "objectives", libraries=(*LIBRARIES, "mlflow", "onnxruntime"), ignored_inputs=("weights", "tokenizer")
+    ),
+    **TASK,
+    requests=SMALL,
+)
 def load_test_model(
     exported: ExportedModel,
     weights: FlyteFile,
+    weights_sha256: str,  # TrainedModel.sha256
     info: DatasetInfo,
     model_cfg: ModelConfig,
     cfg: ServingConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokenizer: FlyteFile | None = None,
+    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
 ) -> Served:
     """With serving.loadtest: the fp32 model saved as registration would log it, served by
     `cfg.setup` on loopback, each level of closed-loop clients measured (flyscale/serving). Off:
     nothing measured."""
     run = TaskRun.start("load_test_model")
+    keyed(weights, weights_sha256, "the weights")
+    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
     if not cfg.loadtest:
         return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())

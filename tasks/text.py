@@ -9,31 +9,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
-from flytekit import HashMethod, task
+from flytekit import task
 from flytekit.types.file import FlyteFile
 
 from flyscale.config import TokenizeConfig
 from flyscale.data import tokenize
-from flyscale.data.shards import Shards
+from flyscale.data.shards import ContentShards, Shards
 from flyscale.flyte.caching import LIBRARIES, code_cache
+from flyscale.flyte.content import BY_CONTENT, file_sha256
 from flyscale.flyte.provenance import TaskRun
 from tasks.common import SMALL, TASK
 from tasks.records import ValidatedData
 
 
-def _file_sha256(f: FlyteFile) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(f.path).read_bytes()).hexdigest()
-
-
+# Keyed by content downstream: the same tokenizer trained again, and the same sequences packed
+# again, re-run nothing after them.
 class Tokenized(NamedTuple):
-    train: Shards
-    val: Shards
-    test: Shards
-    validated: ValidatedData  # its info now the packed sequences'; the tokenizer and its stats beside it
-    # Keyed by content downstream: the same tokenizer trained again re-runs nothing after it.
-    tokenizer: Annotated[FlyteFile, HashMethod(_file_sha256)]
+    train: ContentShards
+    val: ContentShards
+    test: ContentShards
+    # its info now the packed sequences'; the tokenizer, its sha256 and its stats beside it
+    validated: Annotated[ValidatedData, BY_CONTENT]
+    tokenizer: Annotated[FlyteFile, BY_CONTENT]
     runs: list[TaskRun]  # the data tasks' stamps so far, this one's added
 
 
@@ -50,5 +47,5 @@ def tokenize_text(
     path = Path(tempfile.mkdtemp(prefix="flyscale-tokenizer-")) / "tokenizer.json"
     path.write_text(tokenizer_json)
     tokenizer = FlyteFile(str(path))
-    done = replace(validated, info=info, tokens=stats, tokenizer=tokenizer)
+    done = replace(validated, info=info, tokens=stats, tokenizer=tokenizer, tokenizer_sha256=file_sha256(path))
     return Tokenized(splits["train"], splits["val"], splits["test"], done, tokenizer, [*runs, run.done()])

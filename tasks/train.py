@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 import torch
 from flytekit import Deck, task
@@ -25,6 +25,7 @@ from flyscale.data.augment import on_the_fly
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import code_cache, code_version
+from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, save_state
 from flyscale.plugin.contracts import DatasetInfo
@@ -36,6 +37,7 @@ from flyscale.train import distributed
 from flyscale.train import objective as objectives
 from flyscale.train.batches import train_data_from
 from flyscale.train.checkpoint import Checkpointer
+from flyscale.train.interrupt import StopSignals
 from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport, global_batch, keep_global_batch
 from flyscale.train.run_dirs import prune, restart_directory, training_key
@@ -88,7 +90,7 @@ def registered_workers(cfg: TrainConfig, preflight: PreflightReport) -> str:
 
 
 class Trained(NamedTuple):
-    model: TrainedModel
+    model: Annotated[TrainedModel, BY_CONTENT]  # keyed by content downstream, its weights by `sha256`
     run: TaskRun
 
 
@@ -125,7 +127,13 @@ def train_job(
     others return None (or, in a classic PyTorchJob pod, tell Flyte their outputs are not the
     task's). `threads` > 0: each worker's torch threads (a scaling study's share). `preflight`:
     where FLYSCALE_NPROC_PER_NODE=auto chose this many workers, the global batch it timed."""
-    with lost_peers_retryable(), distributed.process_group(recovery.collective_timeout_s, threads) as ctx:
+    # A Ctrl-C or a pod's SIGTERM stops every rank after the same step, with one checkpoint there.
+    signals = StopSignals()
+    with (
+        lost_peers_retryable(),
+        signals.installed(),
+        distributed.process_group(recovery.collective_timeout_s, threads) as ctx,
+    ):
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
         model = build_model(model_cfg, info, meta=wants_meta_model(cfg))
@@ -134,14 +142,19 @@ def train_job(
         cfg, workers = keep_global_batch(cfg, preflight, ctx.world_size, registered_workers(cfg, preflight))
         live = None
         if ctx.is_main:
-            name = run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
+            # A search's trials share the execution: each is named by its number and values.
+            name = (
+                trial.run_name()
+                if trial.study
+                else run_name(model_cfg.name, cfg.strategy, ctx.world_size, fingerprint.value, started.started_at)
+            )
             tags = {"mlflow.parentRunId": trial.parent_run_id, "flyscale.trial": str(trial.number)}
             live = LiveRun(mlflow_cfg, name, started.started_at, started.execution, tags if trial.study else None)
         if ctx.is_main and recovery.retention_days:  # folders of runs that died or were stopped long ago
             prune(recovery.checkpoint_dir, recovery.retention_days * 86400)
         # Rank 0 claims the run directory; with checkpoints on, every rank proves it sees it (one
         # volume on every node) before anything trains, or all refuse together, saying what to mount.
-        checkpoints = bool(recovery.checkpoint_every_steps or recovery.checkpoint_every_minutes)
+        checkpoints = recovery.checkpoints()
         owner = f"{started.execution}@{started.started_at!r}"
         with restart_directory(ctx, recovery.checkpoint_dir, key, owner, probe=checkpoints) as root:
             checkpointer = Checkpointer(
@@ -173,6 +186,7 @@ def train_job(
                 # A search's trial reports each epoch to its study, which may prune it.
                 stop=reporter(trial) if ctx.is_main and trial.key() else None,
                 workers_timed=bool(preflight.workers) and ctx.world_size == preflight.workers,
+                signals=signals,
             )
             data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
             result = train_fn(model, data, cfg, ctx, options, hooks)
@@ -245,4 +259,4 @@ def train_model(
         trial=trial,
         preflight=preflight,
     )
-    return Trained(trained, run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs
+    return Trained(trained.with_sha256(), run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs

@@ -23,6 +23,13 @@ os.environ.setdefault("FLYSCALE_NPROC_PER_NODE", "2")
 BIN = Path(sys.executable).parent
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The end-to-end files (whole pipelines, minutes each) first, the small files after them:
+    `make test` hands whole files to its workers in this order, so the small ones fill the gaps
+    at the end instead of one worker idling while the other runs a long file last."""
+    items.sort(key=lambda item: not item.path.name.endswith("_e2e.py"))  # stable: each file's own order kept
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -130,17 +137,23 @@ NIGHTLY = ("workflows/launch_plans.py", "nightly_retraining")  # its inputs: FLY
 
 
 def run_pipeline(
-    home: Path, *args: str, env: dict | None = None, timeout: int = 600, target: tuple[str, str] = PIPELINE
+    home: Path,
+    *args: str,
+    env: dict | None = None,
+    timeout: int = 600,
+    target: tuple[str, str] = PIPELINE,
+    run_flags: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
-    """`pyflyte run workflows/train.py training_pipeline ARGS` (or another file and entity) from
-    the repo root, as a user types it.
+    """`pyflyte run RUN_FLAGS workflows/train.py training_pipeline ARGS` (or another file and
+    entity) from the repo root, as a user types it (`run_flags`, such as --overwrite-cache, go
+    before the file).
 
     HOME isolates flytekit's local cache (~/.flyte/local-cache) per test.
     """
     # COLUMNS: pyflyte boxes a usage error at the terminal's width; wide, a message stays on one line.
     full_env = {**os.environ, "HOME": str(home), "FLYTE_SDK_LOGGING_LEVEL": "20", "COLUMNS": "400", **(env or {})}
     return subprocess.run(
-        [str(BIN / "pyflyte"), "run", *target, *args],
+        [str(BIN / "pyflyte"), "run", *run_flags, *target, *args],
         cwd=REPO,
         env=full_env,
         capture_output=True,

@@ -12,7 +12,7 @@ import torch
 from mlflow import MlflowClient
 
 from flyscale.api import DatasetInfo
-from flyscale.config import ModelConfig
+from flyscale.config import ModelConfig, ObjectiveConfig
 from flyscale.data import fields
 from flyscale.export import onnx
 from flyscale.model import build_model, save_state
@@ -22,14 +22,28 @@ from flyscale.tracking.model_spec import spec_json
 DIGITS = DatasetInfo("digits", 10, [64], [f"pixel_{i}" for i in range(64)])
 
 
-def register(home: Path, name: str, info: DatasetInfo = DIGITS, model_cfg: ModelConfig | None = None) -> str:
-    """`name` v1 (alias champion) in a SQLite store under `home`, its artifacts beside it; the URI."""
+def register(
+    home: Path,
+    name: str,
+    info: DatasetInfo = DIGITS,
+    model_cfg: ModelConfig | None = None,
+    objective_cfg: ObjectiveConfig | None = None,
+    tokenizer_json: str = "",
+) -> str:
+    """`name` v1 (alias champion) in a SQLite store under `home`, its artifacts beside it; the URI.
+    A language model (`objective_cfg` language_modeling) needs its tokenizer's JSON."""
     uri = f"sqlite:///{home / 'mlflow.db'}"
     model_cfg = model_cfg or ModelConfig()
     torch.manual_seed(0)
     model = build_model(model_cfg, info).eval()
-    path = onnx.export(model, torch.rand(4, *fields.model_input_shape(info)), home / "model.onnx")
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec_json(model_cfg, info, None), "", str(path))
+    shape = fields.model_input_shape(info)
+    if tokenizer_json:  # token ids, the model reading all but the last of a sequence
+        example = torch.randint(0, info.input().range[1], (4, shape[0] - 1))
+    else:
+        example = torch.rand(4, *shape)
+    path = onnx.export(model, example, home / "model.onnx")
+    spec = spec_json(model_cfg, info, None, objective_cfg)
+    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer_json, str(path))
     cwd = Path.cwd()
     os.chdir(home)  # the experiment's artifacts land beside the store
     try:

@@ -25,7 +25,7 @@ from flyscale.tracking import champion, run_log
 from flyscale.tracking import publish as tracking
 from flyscale.tracking import store as mlflow_store
 from flyscale.tracking.champion import read_baseline
-from flyscale.tracking.reference import read_reference
+from flyscale.tracking.reference import read_reference, remeasure
 from flyscale.tracking.store import MlflowUnavailable
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
@@ -114,6 +114,27 @@ def test_the_alias_moves_only_if_it_still_points_at_the_judged_champion(server, 
     assert server.get_model_version_by_alias(name, "champion").version == v1
     # Judged against v1, it moves.
     assert champion.promote(server, [(name, v2)], "champion", ChampionRef(name, "champion", v1), "b", 10, 600).moved
+
+
+def test_a_champion_without_an_int8_twin_takes_the_old_twins_alias_away(server, name):
+    twin = f"{name}-int8"
+    v1 = _version(server, name, 0.90, "a")
+    run_id = server.get_model_version(name, v1).run_id  # the twin comes from the same run, as publish makes it
+    server.create_registered_model(twin)
+    t1 = server.create_model_version(twin, f"runs:/{run_id}/q", run_id, tags={"flyscale.run_id": run_id}).version
+    assert champion.promote(
+        server, [(name, v1), (twin, t1)], "champion", ChampionRef(name, "champion"), "a", 10, 600
+    ).moved
+    v2 = _version(server, name, 0.95, "b")  # its int8 did not pay: no twin registered
+    judged = ChampionRef(name, "champion", v1)
+    assert champion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600, withdrawn=(twin,)).moved
+    assert server.get_model_version_by_alias(name, "champion").version == v2
+    assert "champion" not in server.get_registered_model(twin).aliases  # no stale twin serves beside v2
+    # A person's rollback to v1 brings its twin back; forward again to v2 takes it off.
+    champion.move_alias(server, name, "champion", v1, "rollback", "oncall", "v2 misbehaves")
+    assert server.get_model_version_by_alias(twin, "champion").version == t1
+    note = champion.move_alias(server, name, "champion", v2, "promote", "oncall", "fixed upstream")
+    assert "taken off" in note and "champion" not in server.get_registered_model(twin).aliases
 
 
 def test_the_promotion_lock_waits_then_says_what_to_do(server, name):
@@ -287,6 +308,30 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
     assert read.source == f"v{out.model_version}" and read.profile.rows == 3 and read.schema.features == ["a", "b"]
 
 
+def test_a_model_of_another_kind_is_not_registered_under_the_name(server, name, tmp_path):
+    """Checked before training (tests/test_model_kind.py), and again when registering: another
+    kind may have been registered meanwhile. The kind is tagged on every version."""
+    from flyscale.plugin.contracts import DatasetInfo
+    from flyscale.tracking.kind import KIND_TAG, ModelKind
+
+    fp32, int8 = _files(tmp_path)
+    record = _record(ChampionRef(name, "champion"))
+    record.kind = ModelKind.of(DatasetInfo("t", 2, [4], ["a", "b", "c", "d"]), "classification").to_json()
+    first = tracking.publish(record, fp32, int8, _cfg(name), "first", register=True)
+    assert server.get_model_version(name, first.model_version).tags[KIND_TAG] == record.kind
+    record.weights_sha256, record.kind = (
+        "other",
+        ModelKind.of(DatasetInfo("t", 2, [5], list("abcde")), "classification").to_json(),
+    )
+    other = tracking.publish(record, fp32, int8, _cfg(name), "other", register=True)
+    assert other.model_version == "" and not other.champion
+    assert other.promotion.startswith(f"not registered: mlflow.model_name {name!r} holds another kind of model")
+    assert "mlflow.replace_kind: true" in other.promotion
+    record.judged_against = ChampionRef(name, "champion", "1")  # the gates judged it against v1
+    replaced = tracking.publish(record, fp32, int8, _cfg(name, replace_kind=True), "replaced", register=True)
+    assert replaced.model_version == "2" and replaced.champion
+
+
 def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, name, tmp_path):
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
@@ -332,6 +377,20 @@ def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_
     assert other.profile.rows == (6 if tagged else 4)
     # The champion's own data: held to what the champion itself met (here nothing), so a rerun replays.
     assert read_reference(_cfg(name), "", "data-a").source == ""
+    # ...but a candidate of other weights is judged against the champion itself: drift is then
+    # measured against it, bin for bin from the profiles (the validation, maybe cached, said none).
+    judged = ChampionRef(name, "champion", version)
+    again = remeasure(_cfg(name), judged, "", profile(frame, info))
+    assert again is not None and again.reference == f"v{version}"
+    assert "the champion the gate judged against (validation held the data to no reference)" in again.note
+    if tagged:  # the champion's data (6 rows) was cut on other deciles: those are named, not guessed
+        assert again.drift == {"label": 0.0} and "2 histogram(s) on other bins" in again.note  # the same label shares
+    else:  # the champion's own data: nothing moved
+        assert again.drift == {"a": 0.0, "b": 0.0, "label": 0.0}
+    assert remeasure(_cfg(name), judged, f"v{version}", profile(frame, info)) is None  # they agree
+    assert remeasure(_cfg(name), judged, "/refs/mine.json", profile(frame, info)) is None  # a file: the user's
+    none = remeasure(_cfg(name), ChampionRef(name, "champion"), f"v{version}", profile(frame, info))
+    assert none is not None and none.reference == "" and none.drift == {} and "no champion" in none.note
 
 
 def test_reading_the_reference_fails_closed(proxy, name):

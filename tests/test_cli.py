@@ -103,3 +103,9 @@ def test_a_command_on_the_registry_where_there_is_no_store_says_so_and_creates_n
     assert f"there is no tracking store at {tmp_path / 'mlflow.db'} (none was created)" in proc.stderr
     assert "MLFLOW_TRACKING_URI" in proc.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_help_points_to_the_training_command():
+    proc = _flyscale("--help")
+    text = " ".join(proc.stdout.split())  # argparse wraps at the terminal's width
+    assert proc.returncode == 0 and "To train: pyflyte run workflows/train.py training_pipeline" in text

@@ -79,8 +79,11 @@ def prepared():
 def test_bad_examples_are_quarantined_with_their_origin_and_reason(prepared):
     found = _quarantine(prepared)
     assert sorted(found) == [("a.parquet", 5), ("a.parquet", 7), ("a.parquet", 9), ("a.parquet", 30), ("b.parquet", 10)]
-    assert found[("a.parquet", 5)].startswith("image: decodable (got bytes that do not decode as PNG")
-    assert found[("a.parquet", 7)] == "image: shape [3, 16, 16] (got [3, 14, 14])"
+    assert found[("a.parquet", 5)].startswith("image: decodable (got bytes that are not an image PIL can read")
+    assert found[("a.parquet", 7)] == (
+        "image: shape [3, 16, 16] (got [3, 14, 14]: 14x14 pixels, not the 16x16 that the dataset's height and "
+        "width options declare)"
+    )
     assert found[("a.parquet", 9)] == "label: in_range(0, 3) (got 7)"
     assert found[("a.parquet", 30)] == DUPLICATE  # within its shard, in a later batch
     assert found[("b.parquet", 10)] == f"{DUPLICATE} (a.parquet row 3)"  # across shards: names the kept twin

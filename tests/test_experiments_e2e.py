@@ -170,6 +170,7 @@ def test_a_search_finds_a_config_as_good_as_the_default_in_one_parent_run_and_re
     )
     by_trial = {c.data.tags.get("flyscale.trial") for c in children}
     assert by_trial == {"0", "1", "2", "3", None}  # a child per trial, and the best config's pipeline run
+    _assert_trial_runs(client, children, trials, replayed=False)
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "search")} >= {
         "search/trials.json",
         "search/best_config.json",
@@ -179,11 +180,41 @@ def test_a_search_finds_a_config_as_good_as_the_default_in_one_parent_run_and_re
     assert len(versions) == 1 and versions[0].run_id == parent.data.tags["flyscale.pipeline_run"], out[-2500:]
 
 
+def _assert_trial_runs(client: MlflowClient, children: list, trials: list, replayed: bool) -> None:
+    """Each trial's child run as any run ends, so the compare view sets them side by side: FINISHED,
+    its state a tag, the whole config it trained and its sampled values as params, a name of its own."""
+    runs = {int(c.data.tags["flyscale.trial"]): c for c in children if "flyscale.trial" in c.data.tags}
+    assert sorted(runs) == [t[0] for t in trials]
+    for number, _, state, value, _ in trials:
+        run = runs[number]
+        assert run.info.status == "FINISHED", (number, run.info)
+        assert run.data.tags["flyscale.trial_state"] == state
+        params = run.data.params
+        lr, hidden = json.loads(params["trial.train.lr"]), json.loads(params["trial.model.options.hidden"])
+        assert float(params["train.lr"]) == lr and json.loads(params["model.options.hidden"]) == hidden
+        assert params["train.epochs"] == "3" and params["mlflow.model_name"] == SEARCH  # the whole config
+        assert (
+            run.info.run_name
+            == f"trial-{number:02d} lr={lr:.3g} hidden={json.dumps(hidden, separators=(',', ':'))}"
+            + (" (replayed)" if replayed else "")
+        )
+        assert ("flyscale.replayed_from" in run.data.tags) == replayed
+        curve = client.get_metric_history(run.info.run_id, "val_loss")  # its epochs' curves are there
+        assert any(abs(m.value - value) < 1e-4 for m in curve), (number, value, curve)
+    assert len({r.info.run_name for r in runs.values()}) == len(runs)
+
+
 @pytest.mark.timeout(900)
 def test_a_rerun_of_the_study_replays_every_trial_from_the_cache(searched, mlflow_server):
     out, again = searched
     assert [(t[0], t[2], t[3]) for t in _trials(again)] == [(t[0], t[2], t[3]) for t in _trials(out)]
     assert all(t[4] for t in _trials(again))  # every trial's training came from the cache
+    client = MlflowClient(mlflow_server)
+    parent = client.get_run(re.search(r"parent run (\w+)", again).group(1))
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+    )
+    _assert_trial_runs(client, children, _trials(again), replayed=True)
     ran, cached = _cache_line(again)
     assert "train_model" in cached and "train_model" not in ran and "registration is the cached one" in again
     assert len(MlflowClient(mlflow_server).search_model_versions(f"name='{SEARCH}'")) == 1

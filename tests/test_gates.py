@@ -211,3 +211,33 @@ def test_quantization_reads_the_cost_of_each_bounded_metric_by_its_direction():
     opts = QuantizationOptions(max_worse={"perplexity": 0.2, "r2": 0.02})
     assert opts.costs() == [("int8_perplexity_increase", 0.2), ("int8_r2_drop", 0.02)]
     assert QuantizationOptions().costs() == [("int8_accuracy_drop", 0.01)]
+
+
+def test_int8_that_does_not_pay_is_judged_by_what_it_measured():
+    from flyscale.evaluate.comparison import Comparison
+    from flyscale.evaluate.latency import LatencyReport
+
+    def timed(p50s: list[float]) -> LatencyReport:
+        return LatencyReport("m", [1, 64, 256], p50s, p50s)
+
+    # The ResNet: a larger file, and 0.94-1.00x the speed.
+    resnet = Comparison("dynamic_int8", size_ratio=0.96, fp32_latency=timed([1.0, 4.0, 27.0]))
+    resnet.int8_latency = timed([1.0, 4.2, 28.7])
+    resnet.judge("tried static_int8 too")
+    assert not resnet.pays and resnet.verdict.startswith("does not pay, not smaller and faster: dynamic_int8: 0.96x")
+    assert resnet.verdict.endswith("; tried static_int8 too") and resnet.scalars()["int8_pays"] == 0.0
+    # The digits MLP: slower at batch 1, faster where batches are large; smaller. It pays.
+    mlp = Comparison("dynamic_int8", size_ratio=3.5, fp32_latency=timed([0.018, 0.100, 0.235]))
+    mlp.int8_latency = timed([0.022, 0.059, 0.201])
+    assert mlp.judge().pays and mlp.verdict.startswith("pays: dynamic_int8: 3.50x smaller, 1.17x the speed")
+    # Within the noise of the timings is not faster, nor a few bytes less smaller (the photo ResNet's
+    # 1.00x smaller, 1.00x the speed).
+    even = Comparison("dynamic_int8", size_ratio=1.003, fp32_latency=timed([1.0, 4.0, 27.0]))
+    even.int8_latency = timed([0.99, 3.98, 26.9])
+    assert not even.judge().pays and even.verdict.startswith(
+        "does not pay, not smaller and faster: dynamic_int8: 1.00x"
+    )
+    gate, options = quantization, QuantizationOptions()
+    unpaid = gate.check({**resnet.scalars(), "int8_accuracy_drop": 0.5}, options, None)
+    assert unpaid.passed and "int8 is not registered" in unpaid.reason  # no twin: its accuracy is not bounded
+    assert not gate.check({**mlp.scalars(), "int8_accuracy_drop": 0.5}, options, None).passed

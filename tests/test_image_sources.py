@@ -185,7 +185,12 @@ def test_webdataset_quarantines_what_it_cannot_use_and_keeps_the_rest(tmp_path):
         ("shard-0000.tar", 2, "000002", "label: missing (got null)"),
         ("shard-0001.tar", 0, "000003", "image: missing (got null)"),
         ("shard-0001.tar", 1, "000004", "label: missing (got null)"),
-        ("shard-0001.tar", 2, "000005", "image: decodable (got bytes that do not decode as PNG: not an image)"),
+        (
+            "shard-0001.tar",
+            2,
+            "000005",
+            "image: decodable (got bytes that are not an image PIL can read (PNG, JPEG, ...))",
+        ),
     ]
     assert prepared.report.valid_rows == 2  # 000000 (a PNG) and 000001 (a JPEG)
 

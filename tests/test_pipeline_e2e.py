@@ -70,6 +70,18 @@ def test_inline_json_preset_is_strict_too(tmp_path):
     assert proc.returncode != 0 and "train.epoch: unknown field; did you mean 'epochs'?" in proc.stdout + proc.stderr
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["last", "first"])
+def test_a_cfg_file_that_is_not_there_is_called_not_found(tmp_path, where):
+    """The last --cfg is parsed by flytekit before flyscale sees it; either way the file is named."""
+    args = ["--cfg", "configs/no-such-preset.yaml"]
+    args = args + ["--cfg", "{}"] if where == "first" else ["--cfg", "{}"] + args
+    proc = run_pipeline(tmp_path, *args)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "configs/no-such-preset.yaml: file not found" in log, log[-2000:]
+    assert "valid json" not in log
+
+
 @pytest.mark.parametrize(
     "preset, message",
     [

@@ -204,9 +204,15 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     assert "cache       ran validate_data, record_candidate; from the cache: load_data, split_data" in again.stdout, (
         again.stdout[-3000:]
     )
+    # That "model" is no model anyone can load: it cannot be scored on this run's test split, so
+    # the gate fails closed, and says why, rather than compare numbers from two test sets.
     assert (
-        "beats_champion: FAILED (test accuracy" in again.stdout and f"champion v{better.version} 0.9990" in again.stdout
-    )
+        f"beats_champion: FAILED (champion v{better.version} could not be scored on this run's test split"
+        in again.stdout
+        and "failing closed" in again.stdout
+    ), again.stdout[-3000:]
+    assert f"test data   champion v{better.version} could not be scored on this run's test split (" in again.stdout
+    assert "it is not a flyscale model" in again.stdout
     assert f"judged      against v{better.version}" in again.stdout
     assert client.get_registered_model(name).aliases == {"champion": better.version}
     # The failed candidate took the other branch: its run and both its models are logged for
@@ -215,7 +221,7 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     assert "record_candidate" in again.stdout and "register_model" not in again.stdout
     run = client.get_run(re.search(r"mlflow\s+run (\w+)", again.stdout).group(1))
     assert run.data.tags["flyscale.gates"] == "failed"
-    assert run.data.tags["gate.beats_champion"].startswith("failed: test accuracy")
+    assert run.data.tags["gate.beats_champion"].startswith(f"failed: champion v{better.version} could not be scored")
     logged = client.search_logged_models(
         experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'"
     )
@@ -237,11 +243,21 @@ def test_a_sweep_with_the_default_gates_leaves_the_best_run_champion(tmp_path, m
     accuracy = {}
     for lr in (2e-3, 5e-3, 2e-2):
         preset = _preset(tmp_path, name, gate=gates)
+        champion_before = client.get_model_version_by_alias(name, "champion") if accuracy else None
         proc = run_pipeline(tmp_path, "--cfg", preset, "--cfg", f'{{"train": {{"lr": {lr}}}}}', env=env)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
         run = client.get_run(re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1))
         assert float(run.data.params["train.lr"]) == lr
         accuracy[lr] = run.data.metrics["test_accuracy"]
+        if champion_before is not None:
+            # The champion scored on this run's test split through its registered (ONNX) model: the
+            # same split as its own here, so the number it recorded, to the last digit.
+            recorded = client.get_run(champion_before.run_id).data.metrics["test_accuracy"]
+            assert run.data.metrics["champion_test_accuracy"] == pytest.approx(recorded, abs=1e-9)
+            assert (
+                f"vs champion v{champion_before.version} {recorded:.4f}, both on this run's test split" in proc.stdout
+            )
+            assert "the metrics it recorded are from the same split" in run.data.tags["flyscale.test_data"]
     assert accuracy[2e-2] < max(accuracy.values()), accuracy
     champion = client.get_model_version_by_alias(name, "champion")
     assert client.get_run(champion.run_id).data.metrics["test_accuracy"] == max(accuracy.values()), accuracy

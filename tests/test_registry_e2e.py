@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from flyscale.tracking.store import KIND_TAG, TRAINING_KIND
 from tests.conftest import BIN, REPO, free_port, run_pipeline
 
-MODEL = "registry-e2e"
+MODEL = "flyscale-digits"  # the default digits config's name, which the README loads
 
 
 def _cfg(tmp_path, name: str, epochs: int):
@@ -33,7 +33,9 @@ def _cfg(tmp_path, name: str, epochs: int):
                 "augment": {"copies": 0},
                 "train": {"epochs": epochs, "batch_size": 64},
                 "gate": [{"name": "beats_champion"}, {"name": "quantization"}],  # no options: their defaults
-                "mlflow": {"experiment": "registry-e2e", "model_name": MODEL},
+                # The twin's registry pages and aliases are tested here, whatever this machine's timing says.
+                "quantize": {"twin": "always"},
+                "mlflow": {"experiment": "registry-e2e"},  # no model_name: the digits default's
             }
         )
     )
@@ -123,7 +125,13 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert "beats_champion: PASSED (no champion yet" in first and "register_model" in first
 
     assert "beats_champion: PASSED" in better and "'champion' moved from v1 to v2" in better
-    assert "the same test data as champion v1" in better  # the champion was scored on this very test split
+    # v1 was scored on this run's test split through its registered model: the same split as its
+    # own, so the very number it recorded, and the verdict compares that.
+    assert "champion v1 was scored on it through its registered model" in better
+    assert "the metrics it recorded are from the same split" in better
+    recorded = client.get_run(_run_id(first)).data.metrics["test_accuracy"]
+    assert client.get_run(_run_id(better)).data.metrics["champion_test_accuracy"] == pytest.approx(recorded, abs=1e-9)
+    assert f"vs champion v1 {recorded:.4f}, both on this run's test split: better" in better
 
     assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == ["1", "2"]
     assert client.get_model_version_by_alias(MODEL, "champion").version == "2"
@@ -152,7 +160,7 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     # beat (v1), its data, how to load and serve it; and the model says what feeds it.
     page = v2.description
     assert page.startswith(f"**{MODEL} v2**: a `mlp` model with the `classification` objective, trained with `ddp`")
-    assert "| test metric | v2 | v1 |" in page and "| accuracy | " in page
+    assert "| test metric | v2 | v1 (on this test split) |" in page and "| accuracy | " in page
     accuracy = client.get_run(_run_id(better)).data.metrics["test_accuracy"]
     assert f"| accuracy | {accuracy:.4f} | " in page
     assert v2.tags["flyscale.data_fingerprint"][:16] in page
@@ -202,15 +210,22 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert loaded.stdout.count("OnnxModel") == 2, loaded.stdout  # both served from ONNX: int8 too
 
-    # The first run's own config.yaml, run again (a fresh cache: it retrains the same weights):
-    # not better than champion v2, so nothing is registered and the alias stays. Going back is
-    # what rollback is for.
+    # The first run's own config.yaml, run again on new data (another split of the digits, a fresh
+    # cache): judged against champion v2 scored on this run's test split, which is not v2's own,
+    # and not better, so nothing is registered and the alias stays. Going back is what rollback is for.
     old = Path(client.download_artifacts(runs[0].info.run_id, "config.yaml", str(tmp_path)))
     home = tmp_path / "home"
     home.mkdir()
-    replay = run_pipeline(home, "--cfg", str(old), env={"MLFLOW_TRACKING_URI": uri})
+    replay = run_pipeline(home, "--cfg", str(old), "--cfg", '{"data": {"seed": 1}}', env={"MLFLOW_TRACKING_URI": uri})
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-4000:]
     assert "beats_champion: FAILED" in replay.stdout and "vs champion v2" in replay.stdout, replay.stdout[-3000:]
+    rejudged = client.get_run(_run_id(replay.stdout))
+    scored = rejudged.data.metrics["champion_test_accuracy"]  # v2 on this split, beside this run's test_accuracy
+    assert f"vs champion v2 {scored:.4f}, both on this run's test split" in replay.stdout
+    split = re.search(r"test data   this run's test split \((\w+)\): champion v2 was scored on it", replay.stdout)
+    own = re.search(r"the metrics it recorded are from its own test split \((\w+)\)", replay.stdout)
+    assert split and own and split.group(1) != own.group(1), replay.stdout[-3000:]
+    assert rejudged.data.tags["flyscale.test_data"].startswith(f"this run's test split ({split.group(1)})")
     assert client.get_model_version_by_alias(MODEL, "champion").version == "2"
     assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == ["1", "2"]
 
@@ -358,3 +373,66 @@ def test_the_ui_lands_on_the_runs_and_compares_two(executions, tmp_path, mlflow_
         page.screenshot(path=str(shot), full_page=True)
         raise AssertionError(f"the compare view does not show both runs {names}: {url} (screenshot {shot})") from exc
     page.screenshot(path=str(shot), full_page=True)
+
+
+@pytest.mark.timeout(900)
+def test_the_docs_own_data_example_never_moves_the_digits_champion(executions, mlflow_server, tmp_path):
+    """README's "Bring your own data" (labelled rows in Parquet, an `mlp`), without the model name
+    the README now gives it, in the store where the digits quickstart's `flyscale-digits` has its
+    champion: it is registered under the name of its own data, and the digits champion stays.
+    Named `flyscale-digits` on purpose, it is refused before any data is read, naming both kinds
+    and the option that would register it anyway."""
+    import numpy as np
+    import pandas as pd
+
+    client = MlflowClient(mlflow_server)
+    before = client.get_model_version_by_alias(MODEL, "champion").version
+    rng = np.random.default_rng(0)
+    rows = 400
+    target = rng.integers(0, 2, rows)
+    frame = pd.DataFrame(
+        {
+            "customer_id": np.arange(rows),
+            "age": rng.integers(18, 90, rows).astype("float64"),
+            "income": np.where(target == 1, rng.normal(80, 3, rows), rng.normal(20, 3, rows)),  # the gates pass
+            "tenure": rng.integers(0, 30, rows).astype("float64"),
+            "target": target,
+        }
+    )
+    (tmp_path / "data").mkdir()
+    frame.to_parquet(tmp_path / "data" / "part-0.parquet", index=False)
+    options = {
+        "path": str(tmp_path / "data"),
+        "label": "target",
+        "ignore": ["customer_id"],
+        "ranges": {"age": [0, 130]},
+    }
+    mine = {"data": {"dataset": "parquet", "options": options}, "model": {"name": "mlp"}}
+    env = {"MLFLOW_TRACKING_URI": mlflow_server}
+
+    for home in ("home", "named"):
+        (tmp_path / home).mkdir()
+    done = run_pipeline(tmp_path / "home", "--cfg", json.dumps(mine), env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-4000:]
+    assert "registered  flyscale-parquet v1" in done.stdout and "'champion' moved from no champion to v1" in done.stdout
+    assert client.get_model_version_by_alias(MODEL, "champion").version == before
+    assert client.get_model_version_by_alias("flyscale-parquet", "champion").tags["flyscale.kind"] == json.dumps(
+        {
+            "columns": ["age", "income", "tenure"],
+            "columns_sha256": hashlib.sha256(b"age\nincome\ntenure").hexdigest(),
+            "dtype": "float32",
+            "objective": "classification",
+            "shape": [3],
+            "text": False,
+        },
+        sort_keys=True,
+    )
+
+    named = run_pipeline(tmp_path / "named", "--cfg", json.dumps({**mine, "mlflow": {"model_name": MODEL}}), env=env)
+    log = named.stdout + named.stderr
+    assert named.returncode != 0
+    assert f"mlflow.model_name '{MODEL}' holds another kind of model: its 'champion' v{before} takes 64 float " in log
+    assert "this run's model would take 3 float features (age, income, tenure; classification)" in log, log[-3000:]
+    assert "(mlflow.model_name: flyscale-parquet)" in log and "mlflow.replace_kind: true" in log
+    assert "fingerprint_data" not in log  # refused before any data was read
+    assert client.get_model_version_by_alias(MODEL, "champion").version == before

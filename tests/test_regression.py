@@ -287,8 +287,13 @@ def test_the_diabetes_preset_passes_its_r2_gate_and_serves_predictions_in_the_ta
     assert re.search(r"^  workers     (1 of 2|2) \(auto: in the preflight .* samples/s", out, re.M), out[-2500:]
     assert "communication-bound" not in out + proc.stderr  # the count was measured, not assumed
     assert "442 rows: 442 valid, 0 quarantined" in out
-    assert "min_metric: PASSED (test r2" in out and "quantization: PASSED (r2 drop" in out, out[-2500:]
-    assert "registered  diabetes-e2e v1" in out
+    assert "min_metric: PASSED (test r2" in out, out[-2500:]
+    # The int8 twin is judged on accuracy where it pays (smaller and faster, as timed), else not registered.
+    if "  int8        pays: " in out:
+        assert "quantization: PASSED (r2 drop" in out and "registered  diabetes-e2e v1, diabetes-e2e-int8 v1" in out
+    else:
+        assert "quantization: PASSED (int8 is not registered" in out, out[-2500:]
+        assert "registered  diabetes-e2e v1 (no int8 twin)" in out
     mlflow.set_tracking_uri(mlflow_server)
     model = mlflow.pyfunc.load_model("models:/diabetes-e2e@champion")
     # An average patient (sklearn's features are centred: zeros), in the target's units (25..346).

@@ -117,8 +117,8 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
     # the model check, the four data branches (one a map task), both publish branches, the failure handler,
-    # and the data-only workflow's summary
-    assert len(_tasks(specs)) == 25
+    # the data-only workflow's summary, and the content keying the search and the scaling study hand their splits through
+    assert len(_tasks(specs)) == 26
     assert "tasks.register.close_failed_run" in specs
     # Batch prediction fans out: its scoring is an array node (a pod per piece on a cluster).
     assert any(n.startswith("tasks.predict.map_score_part") and n.endswith("-arraynode") for n in specs), sorted(specs)
@@ -210,6 +210,7 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
         "tasks.register.summarize",
         "tasks.data.summarize_data",  # prepare_data's summary: this execution's
         "tasks.register.close_failed_run",
+        "tasks.data.by_content",  # reads nothing: the splits as handed in, re-keyed by content
     }  # the failure handler: it only ever closes this execution's run
     assert cached == set(one) - always
 

@@ -45,7 +45,11 @@ def _newest_step(base) -> int:
 
 def _ctrl_c_after(home, args: list[str], env: dict, step: int, log_path) -> int:
     """`pyflyte run` of the pipeline as a user starts it, Ctrl-C'd (SIGINT to the terminal's
-    process group) once a checkpoint of `step` or later is written; the newest step left."""
+    process group) once a checkpoint of `step` or later is written; the newest step left.
+
+    Ctrl-C keeps the work: every worker finishes its step, they stop together after one more
+    checkpoint, at the step the run names as its last line, and the command exits 130 without a
+    traceback."""
     base = home / ".flyscale" / "checkpoints"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
@@ -61,9 +65,19 @@ def _ctrl_c_after(home, args: list[str], env: dict, step: int, log_path) -> int:
             assert proc.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.05)
+        before = _newest_step(base)
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(120) != 0
-    return _newest_step(base)
+        code = proc.wait(120)
+    said, left = log_path.read_text(), _newest_step(base)
+    assert code == 130, said[-3000:]
+    assert f"interrupted at step {left}; the same command resumes" in said, said[-3000:]
+    assert "Traceback" not in said and "IgnoreOutputs" not in said, said[-3000:]
+    # The checkpoint at the interruption, written after the Ctrl-C by every rank (each its rank file).
+    assert left > before and {p.name for p in next(base.glob(f"run-*/step-{left:09d}")).glob("rank-*.pt")} == {
+        "rank-0.pt",
+        "rank-1.pt",
+    }
+    return left
 
 
 @pytest.mark.timeout(600)

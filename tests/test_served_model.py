@@ -189,3 +189,165 @@ def test_a_model_onnx_cannot_take_is_served_from_a_torch_export_program(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = torch.softmax(model(torch.from_numpy(asked)), dim=1).detach().numpy()
     np.testing.assert_allclose(np.asarray(json.loads(proc.stdout.strip().splitlines()[-1])), want, atol=1e-5)
+
+
+# --- what the served model takes: what a caller has, checked, decoded and scaled as training did ---
+
+
+def _image_model(tmp_path: Path):
+    """A CNN on the shapes dataset's 3x8x8 PNG images, saved as registration logs it; (the loaded
+    model, the dataset info, the ONNX file)."""
+    from flyscale_plugins.images import Shapes, ShapesOptions
+
+    info = Shapes().info(ShapesOptions(size=8, encoding="png"))
+    model_cfg = ModelConfig(name="cnn", options={"channels": [8], "hidden": 16})
+    torch.manual_seed(0)
+    model = build_model(model_cfg, info).eval()
+    path = onnx.export(model, torch.rand(4, 3, 8, 8), tmp_path / "m.onnx")
+    files = run_log.ModelFiles(save_state(model, "m.pt"), spec_json(model_cfg, info, None), "", str(path))
+    mlflow.pyfunc.save_model(str(tmp_path / "model"), **run_log.model_args(files, "model", str(tmp_path)))
+    return mlflow.pyfunc.load_model(str(tmp_path / "model")), info, path
+
+
+def _probabilities(onnx_path: Path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    logits = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _ask(model, body: str) -> tuple[int, dict]:
+    """MLflow's scoring server's answer to one /invocations JSON body (its request handler, and
+    what its HTTP layer makes of an MlflowException), without the HTTP."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.pyfunc import scoring_server
+
+    try:
+        answer = scoring_server.invocations(body, "application/json", model, model.metadata.get_input_schema())
+    except MlflowException as e:
+        return e.get_http_status_code(), json.loads(e.serialize_as_json())
+    return answer.status, json.loads(answer.response)
+
+
+def test_an_image_model_takes_uint8_pixels_and_png_and_jpeg_files_as_training_read_them(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from flyscale.data import fields
+    from flyscale_plugins.images import ShapesOptions, generate
+
+    model, info, path = _image_model(tmp_path)
+    images, _ = generate(6, ShapesOptions(size=8), chunk=0)  # uint8 (6, 3, 8, 8), as the splits store them
+    field = info.input()
+    want = _probabilities(path, fields.reader(info).to_model(images))  # what training fed the network
+    png = [fields.encode_png(a) for a in images]
+    for given in (
+        images,  # uint8 pixels
+        images.astype("int64"),  # integers, as JSON brings them
+        images.astype("float32") / 255,  # floats in [0, 1], as before
+        np.array(png, dtype=object),  # PNG files
+        np.array([base64.b64encode(p).decode() for p in png], dtype=object),  # base64, as JSON brings them
+    ):
+        np.testing.assert_allclose(model.predict(given), want, atol=1e-6)
+    jpeg = []
+    for a in images:
+        out = io.BytesIO()
+        Image.fromarray(a.transpose(1, 2, 0)).save(out, format="JPEG", quality=80)
+        jpeg.append(out.getvalue())
+    decoded = np.stack([fields.decode_image(j, field) for j in jpeg])  # lossy: compared with training's decode
+    np.testing.assert_allclose(
+        model.predict(np.array(jpeg, dtype=object)),
+        _probabilities(path, fields.reader(info).to_model(decoded)),
+        atol=1e-6,
+    )
+    status, body = _ask(model, json.dumps({"inputs": images.tolist()}))  # integers over HTTP: pixels
+    assert status == 200 and np.allclose(body["predictions"], want, atol=1e-6)
+
+    saved = tmp_path / "model"
+    assert "pillow==" in (saved / "requirements.txt").read_text()  # decodes as training did, in any environment
+    forms = model.metadata.metadata["flyscale_serving"]["inputs"]
+    assert forms[0].startswith("uint8 pixels 0-255") and "PNG or JPEG files of 8x8 pixels (RGB)" in forms[2]
+    assert json.loads((saved / "artifacts" / "model_serving.json").read_text())["input"]["pixels"] == {
+        "divisor": fields.PIXEL_DIVISOR
+    }
+
+
+REFUSED = {
+    "NaN": (
+        json.dumps(np.zeros((1, 3, 8, 8)).tolist()).replace("0.0", "NaN", 1),
+        "NaN (or null) in 1 of 1 examples (the first: example 0); this model takes finite numbers",
+    ),
+    "infinity": (
+        json.dumps((np.ones((2, 3, 8, 8)) / 2).tolist()).replace("0.5", "Infinity", 1),
+        "infinite values in 1 of 2 examples (the first: example 0)",
+    ),
+    "an empty batch": ("[]", "an empty batch: send at least one example"),
+    "a wrong shape": (
+        json.dumps(np.zeros((1, 3, 8, 7)).tolist()),
+        "inputs of shape (1, 3, 8, 7); this model takes (N, 3, 8, 8)",
+    ),
+    "channels last": (
+        json.dumps(np.zeros((1, 8, 8, 3), int).tolist()),
+        "(channels last: transpose it to channels first",
+    ),
+    "unscaled floats": (
+        json.dumps(np.full((1, 3, 8, 8), 200.0).tolist()),
+        "float pixels must be in [0, 1] (pixel / 255); these run from 200 to 200",
+    ),
+    "pixels past 255": (
+        json.dumps(np.full((1, 3, 8, 8), 256).tolist()),
+        "integer pixels must be 0-255; these run from 256 to 256",
+    ),
+    "not base64": ('["not an image!"]', "example 0 is a string that is not base64"),
+    "not an image": ('["aGVsbG8="]', "example 0 is not a PNG or JPEG image"),
+    "another size": ("PNG16", "example 0 is a 16x16 image; this model takes 8x8 (width x height)"),
+}
+
+
+@pytest.fixture(scope="module")
+def image_model(tmp_path_factory):
+    return _image_model(tmp_path_factory.mktemp("image-model"))[0]
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_request_the_image_model_cannot_mean_is_a_400_in_one_line_that_names_the_problem(case, image_model):
+    import base64
+
+    from flyscale.data import fields
+
+    inputs, message = REFUSED[case]
+    if inputs == "PNG16":
+        inputs = json.dumps([base64.b64encode(fields.encode_png(np.zeros((3, 16, 16), "uint8"))).decode()])
+    status, body = _ask(image_model, '{"inputs": ' + inputs + "}")
+    assert status == 400 and body["error_code"] == "INVALID_PARAMETER_VALUE", body
+    assert message in body["message"] and "\n" not in body["message"], body["message"]
+    assert "stack_trace" not in body and "Failed to predict" not in body["message"]  # the input is never echoed
+
+
+def test_the_language_model_refuses_bad_params_prompts_that_are_not_text_and_prompts_past_its_context(tmp_path):
+    target, _ = _saved("language model", tmp_path)
+    model = mlflow.pyfunc.load_model(str(target))
+    about = model.metadata.metadata["flyscale_serving"]
+    assert about["context_length"] == 16 and "refused" in about["longer_prompts"]  # TOKENS: 17 a sequence
+
+    def ask(inputs, **params) -> tuple[int, str]:
+        status, body = _ask(model, json.dumps({"inputs": inputs, "params": params}))
+        return status, body["message"] if status != 200 else body["predictions"]
+
+    assert ask(["a" * 16], max_new_tokens=2, temperature=0)[0] == 200  # the whole context
+    assert ask(["a"], max_new_tokens=3, temperature=1e-300)[0] == 200  # a tiny temperature: no NaN
+    for inputs, params, message in [
+        (["a" * 17], {}, "prompt 0 is 17 tokens; this model's context is 16 tokens: send at most 16"),
+        (["a", 5], {}, "prompt 1 is a number, not text: a language model takes strings"),
+        ([None], {}, "prompt 0 is null, not text"),
+        (["a"], {"max_new_tokens": -5}, "max_new_tokens must be a whole number from 1 to 1024, got -5"),
+        (["a"], {"max_new_tokens": 0}, "max_new_tokens must be a whole number from 1 to 1024, got 0"),
+        (["a"], {"max_new_tokens": 5000}, "from 1 to 1024, got 5000"),
+        (["a"], {"temperature": -1}, "temperature must be a number >= 0 (0: the likeliest token), got -1.0"),
+        (["a"], {"seed": -1}, "seed must be a whole number >= 0, got -1"),
+    ]:
+        status, said = ask(inputs, **params)
+        assert status == 400 and message in said and "\n" not in said, said

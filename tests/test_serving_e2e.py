@@ -1,16 +1,24 @@
 """Serving a registered version with real servers on loopback, each in an environment uv builds
 of its own requirements: `flyscale loadtest` against `mlflow models serve` and MLServer with
 adaptive batching, logged to MLflow; MLServer really batching concurrent requests; a Triton
-repository checked against Triton's config protobuf. (The registry e2e serves a version the
-pipeline registered; here a model is registered directly, to keep the servers the subject.)"""
+repository checked against Triton's config protobuf; and docs/serving.md's request of each
+objective, run as written against `mlflow models serve`, with what the served models refuse.
+(The registry e2e serves a version the pipeline registered; here models are registered
+directly, to keep the servers the subject.)"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +29,7 @@ from mlflow import MlflowClient
 
 from flyscale.serving import servers
 from flyscale.serving.repository import Batching, mlserver_repository
+from tests.conftest import free_port
 from tests.registered import register
 
 pytestmark = pytest.mark.timeout(900)
@@ -210,3 +219,187 @@ def test_the_pipeline_load_tests_the_served_candidate_and_gates_on_it(tmp_path, 
     assert run.data.metrics["served_c4_latency_p99_ms"] > 0 and run.data.metrics["served_c4_error"] == 0
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "loadtest")}
     assert {"loadtest/levels.json", "loadtest/latency_throughput.png"} <= artifacts
+
+
+# --- docs/serving.md's requests, objective by objective, against a real scoring server -------------
+
+DOCS = REPO / "docs" / "serving.md"
+
+
+@pytest.fixture(scope="module")
+def objectives(store) -> dict[str, str]:
+    """A model of each objective the docs send requests to, registered beside MODEL as the presets'
+    are (images-cnn's 3x32x32 RGB classifier, diabetes's regressor, text-gpt's byte-level GPT of
+    128-token sequences): {objective: registered name}."""
+    from flyscale.api import DatasetInfo, FieldSpec
+    from flyscale.config import ModelConfig, ObjectiveConfig
+    from flyscale.data.text import ByteTokenizer
+    from flyscale_plugins.images import Shapes, ShapesOptions
+    from flyscale_plugins.sklearn_data import Diabetes
+
+    tokens = DatasetInfo(
+        "text", 0, [128], [], label_column="", input_field="tokens",
+        fields=[FieldSpec("tokens", "int32", [128], range=[0, 256])],
+    )  # fmt: skip
+    _, home = store
+    made = {
+        "classification": (
+            Shapes().info(ShapesOptions(size=32, encoding="png")),
+            ModelConfig(name="cnn", options={"channels": [8], "hidden": 16}),
+            None,
+            "",
+        ),
+        "regression": (
+            Diabetes().info(None),
+            ModelConfig(options={"hidden": [8]}),
+            ObjectiveConfig(name="regression"),
+            "",
+        ),
+        "language model": (
+            tokens,
+            ModelConfig(name="gpt", options={"layers": 1, "heads": 2, "width": 32}),
+            ObjectiveConfig(name="language_modeling"),
+            ByteTokenizer().to_json(),
+        ),
+    }
+    names = {}
+    for objective, (info, model_cfg, objective_cfg, tokenizer) in made.items():
+        names[objective] = f"{MODEL}-{objective.replace(' ', '-')}"
+        register(home, names[objective], info, model_cfg, objective_cfg, tokenizer)
+    return names
+
+
+@contextlib.contextmanager
+def _scoring_server(store, name: str) -> Iterator[int]:
+    """`mlflow models serve -m models:/NAME@champion --env-manager local` on a free loopback port."""
+    uri, home = store
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    cmd = ["mlflow", "models", "serve", "-m", f"models:/{name}@champion", "--env-manager", "local", "-p", str(port)]
+    log = home / f"serve-{name}.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(cmd, cwd=home, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"mlflow models serve did not come up: {log.read_text()[-3000:]}") from None
+                time.sleep(0.3)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _post(port: int, body: str) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/invocations", body.encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def _documented_requests() -> dict[str, str]:
+    """The bash blocks of docs/serving.md's requests, by the label of their first line
+    (`# classification, uint8 pixels: ...` is "classification, uint8 pixels")."""
+    blocks = re.findall(r"```bash\n# ([^:\n]+):[^\n]*\n(.*?)```", DOCS.read_text(), re.S)
+    return {label: body for label, body in blocks}
+
+
+def _run_documented(block: str, port: int, cwd: Path) -> dict:
+    """A documented block run by bash as written, against the server on `port`: its JSON answer."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block.replace("127.0.0.1:5001", f"127.0.0.1:{port}")],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _documented_refusals() -> dict[str, str]:
+    """docs/serving.md's table of what is refused: {what was sent: the message it documents}."""
+    rows = re.findall(r"^\| (.+?) \| `(.+?)` \|$", DOCS.read_text(), re.M)
+    return {sent: message for sent, message in rows if sent != "sent"}
+
+
+def _says(documented: str, said: str) -> bool:
+    """The server said what the docs say (up to a "..." where the docs elide the rest)."""
+    return said.startswith(documented.split("...")[0].rstrip(" ,")) if "..." in documented else said == documented
+
+
+def _one_line_400(status: int, body: dict) -> str:
+    """The message of a refusal, once checked to be a 400 in one line that echoes nothing."""
+    assert status == 400 and body.get("error_code") == "INVALID_PARAMETER_VALUE", body
+    message = body["message"]
+    assert "\n" not in message and "Failed to predict" not in message and "stack_trace" not in body, message
+    return message
+
+
+def test_the_documented_requests_of_each_objective_answer_and_bad_ones_get_one_line_400s(store, objectives, tmp_path):
+    from flyscale.data.fields import encode_png
+    from flyscale_plugins.images import ShapesOptions, generate
+
+    documented, refusals = _documented_requests(), _documented_refusals()
+    assert {"classification, uint8 pixels", "classification, a PNG file", "regression", "language model"} <= set(
+        documented
+    ), sorted(documented)
+    images, _ = generate(16, ShapesOptions(size=32, seed=7), chunk=0)  # the dataset's images, uint8 (16, 3, 32, 32)
+    (tmp_path / "photo.png").write_bytes(encode_png(images[0]))
+    told = {}
+
+    with _scoring_server(store, objectives["classification"]) as port:
+        pixels = _run_documented(documented["classification, uint8 pixels"], port, tmp_path)["predictions"]
+        png = _run_documented(documented["classification, a PNG file"], port, tmp_path)["predictions"]
+        # Raw uint8 pixels answer as the float path (pixels / 255, what training fed the network).
+        status, floats = _post(port, json.dumps({"inputs": (images.astype("float32") / 255).tolist()}))
+        status_raw, raw = _post(port, json.dumps({"inputs": images.tolist()}))
+        assert status == status_raw == 200
+        floats, raw = np.asarray(floats["predictions"]), np.asarray(raw["predictions"])
+        assert floats.shape == (16, 4) and np.allclose(raw, floats, atol=1e-6)
+        assert (raw.argmax(1) == floats.argmax(1)).all()
+        assert np.allclose(pixels, floats[:1], atol=1e-6) and np.allclose(png, floats[:1], atol=1e-6)
+
+        nan = images[:1] / 255
+        nan[0, 0, 0, 0] = np.nan  # JSON's NaN, as Python's json writes it
+        told["NaN"] = _one_line_400(*_post(port, json.dumps({"inputs": nan.tolist()})))
+        told["empty"] = _one_line_400(*_post(port, '{"inputs": []}'))
+        told["shape"] = _one_line_400(*_post(port, json.dumps({"inputs": images[:1].transpose(0, 2, 3, 1).tolist()})))
+        unscaled = np.zeros((1, 3, 32, 32))
+        unscaled[0, 0, 0, 0] = 255.0
+        told["floats"] = _one_line_400(*_post(port, json.dumps({"inputs": unscaled.tolist()})))
+        big = base64.b64encode(encode_png(np.zeros((3, 48, 48), "uint8"))).decode()
+        told["size"] = _one_line_400(*_post(port, json.dumps({"inputs": [big]})))
+
+    with _scoring_server(store, objectives["regression"]) as port:
+        values = _run_documented(documented["regression"], port, tmp_path)["predictions"]
+        assert len(values) == 1 and isinstance(values[0], float)
+        _one_line_400(*_post(port, '{"inputs": [[0.1, NaN, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]}'))
+
+    with _scoring_server(store, objectives["language model"]) as port:
+        text = _run_documented(documented["language model"], port, tmp_path)["predictions"]
+        assert len(text) == 2 and all(isinstance(t, str) and t for t in text)
+        told["number"] = _one_line_400(*_post(port, '{"inputs": [5]}'))
+        told["max_new_tokens"] = _one_line_400(*_post(port, '{"inputs": ["a"], "params": {"max_new_tokens": -5}}'))
+        told["long"] = _one_line_400(*_post(port, json.dumps({"inputs": ["x" * 10_000]})))
+
+    # The docs' table says what each of these is answered, word for word.
+    for sent, key in [
+        ('`{"inputs": []}`', "empty"),
+        ('`{"inputs": [[NaN, ...]]}` (JSON\'s `NaN`; `Infinity` too)', "NaN"),
+        ("a wrong shape, `(1, 32, 32, 3)` to the image model", "shape"),
+        ("floats 0-255 to an image model", "floats"),
+        ("a 48x48 PNG to a 32x32 model", "size"),
+        ('`{"inputs": [5]}` to a language model', "number"),
+        ('`"params": {"max_new_tokens": -5}`', "max_new_tokens"),
+        ("a prompt of 10,000 characters (the byte-level model)", "long"),
+    ]:
+        assert sent in refusals, sorted(refusals)
+        assert _says(refusals[sent], told[key]), (sent, refusals[sent], told[key])

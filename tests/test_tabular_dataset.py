@@ -170,12 +170,28 @@ def test_unreadable_and_truncated_files_are_named(place, fmt):
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_an_empty_dataset_is_rejected(place, fmt):
+    """Called empty, also where a champion's pinned schema would otherwise see every column of a
+    header-only CSV retyped (its columns read as null)."""
+    from flyscale.data.reference import PinnedSchema, Reference
+
     root, put = place
     put(f"a.{fmt}", _bytes(_frame(1).head(0), fmt))
-    cfg = _cfg(root, fmt, True)
+    cfg = _cfg(root, fmt, False, num_classes=3)  # the features (and their types) inferred
     frame, info = data.load(cfg)
-    with pytest.raises(ValueError, match=r"holds no rows"):
-        validation.validate(frame, cfg, info)
+    pinned = Reference("v1", PinnedSchema(FEATURES, dict.fromkeys(FEATURES, "double"), 3))
+    for reference in (None, pinned):
+        with pytest.raises(ValueError, match=r"holds no rows \(empty\)"):
+            validation.validate(frame, cfg, info, reference)
+
+
+def test_inferred_features_name_the_file_and_the_column_it_lacks(tmp_path):
+    _frame(1).drop(columns=["f1"]).to_csv(tmp_path / "a.csv", index=False)  # the first file: features come from it
+    _frame(2).to_csv(tmp_path / "b.csv", index=False)
+    with pytest.raises(ValueError, match=r"a\.csv has no column 'f1', which .*b\.csv has"):
+        data.load(_cfg(str(tmp_path), "csv", False, ranges={}))
+    (tmp_path / "b.csv").unlink()  # alone, a numbered run of columns shows the gap
+    with pytest.raises(ValueError, match=r"input_shape \[3\] holds 3 values, and there are 2 features .*'f1' missing"):
+        data.load(_cfg(str(tmp_path), "csv", False, ranges={}, input_shape=[3]))
 
 
 def test_a_text_column_never_silently_vanishes_from_inferred_features(tmp_path):

@@ -26,7 +26,12 @@ def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> Searc
     the preflight of the base config (once: the workers every trial trains on) -> rounds of trials (train, report, prune, tell) -> the best config through the training pipeline
     -> summary."""
     model = check_model(
-        data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
+        data_cfg=cfg.data,
+        model_cfg=cfg.model,
+        cfg=cfg.train,
+        objective=cfg.objective,
+        tokenize=cfg.tokenize,
+        mlflow_cfg=cfg.mlflow,
     )
     fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
     base = base_config(cfg=cfg)

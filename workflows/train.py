@@ -30,7 +30,12 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
     """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> export (ONNX) -> quantize (the
     ONNX file, by default) -> load test of the served model (serving.loadtest) -> gate -> register (every gate passed) or record (one failed) -> summarize."""
     model = check_model(
-        data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
+        data_cfg=cfg.data,
+        model_cfg=cfg.model,
+        cfg=cfg.train,
+        objective=cfg.objective,
+        tokenize=cfg.tokenize,
+        mlflow_cfg=cfg.mlflow,
     )
     fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
     train, val, test, validated, data_ran = dataset(
@@ -66,20 +71,29 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
     # `validated`: its report changes with the champion, which would re-run evaluation.) Each call
     # gets attribute promises of its own: flytekit resolves one in place, and a resolved None
     # cannot be resolved again.
+    # A file taken out of a record enters a cache key by the sha256 beside it (tasks/records.py).
     fp32, evaluate_ran = evaluate_model(
         weights=trained.weights,
+        weights_sha256=trained.sha256,
         test=test,
         info=validated.info,
         model_cfg=cfg.model,
         objective=cfg.objective,
         tokens=validated.tokens,
         tokenizer=validated.tokenizer,
+        tokenizer_sha256=validated.tokenizer_sha256,
     )
     exported, export_ran = export_model(
-        weights=trained.weights, test=test, info=validated.info, model_cfg=cfg.model, objective=cfg.objective
+        weights=trained.weights,
+        weights_sha256=trained.sha256,
+        test=test,
+        info=validated.info,
+        model_cfg=cfg.model,
+        objective=cfg.objective,
     )
     int8, quantize_ran = quantize_model(
         weights=trained.weights,
+        weights_sha256=trained.sha256,
         train=train,
         test=test,
         info=validated.info,
@@ -88,21 +102,35 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         fp32=fp32.metrics,
         history=trained.history,
         onnx_model=exported.onnx,
+        onnx_sha256=exported.sha256,
         objective=cfg.objective,
         tokens=validated.tokens,
         tokenizer=validated.tokenizer,
+        tokenizer_sha256=validated.tokenizer_sha256,
     )
     served, served_ran = load_test_model(
         exported=exported,
         weights=trained.weights,
+        weights_sha256=trained.sha256,
         info=validated.info,
         model_cfg=cfg.model,
         cfg=cfg.serving,
         objective=cfg.objective,
         tokenizer=validated.tokenizer,
+        tokenizer_sha256=validated.tokenizer_sha256,
     )
+    # The champion is scored on this run's test split for a gate that compares with it, and drift
+    # is measured against it (the validation's may have been against another: from the cache).
     judgment, passed = gate_model(
-        fp32=fp32, int8=int8, exported=exported, served=served, cfg=cfg.gate, champion_of=cfg.mlflow
+        fp32=fp32,
+        int8=int8,
+        exported=exported,
+        served=served,
+        cfg=cfg.gate,
+        champion_of=cfg.mlflow,
+        test=test,
+        validated=validated,
+        objective=cfg.objective,
     )
     ran = [preflight_ran, train_ran, evaluate_ran, export_ran, quantize_ran, served_ran]
     candidate = dict(

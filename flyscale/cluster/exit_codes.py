@@ -31,17 +31,27 @@ SUCCESS, PERMANENT, RETRYABLE = 0, 1, 143
 ENV = settings.EXIT_CODE_FILE.name
 
 
+def signal_of(exc: BaseException) -> int:
+    """The signal torch-elastic's agent was stopped by, where `exc` comes of that (flytekit
+    re-raises the agent's SignalException as IgnoreOutputs); 0 otherwise."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, SignalException):
+            return int(seen.sigval)
+        seen = seen.__cause__ or seen.__context__
+    return 0
+
+
 def code_for(exc: BaseException) -> int:
     """The exit code a failure of the task means."""
     from flytekit.core.base_task import IgnoreOutputs
     from flytekit.exceptions.user import FlyteRecoverableException
-    from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    seen: BaseException | None = exc
-    while seen is not None:  # torch-elastic's agent got SIGTERM: flytekit re-raises it as IgnoreOutputs
-        if isinstance(seen, SignalException):
-            return 128 + int(seen.sigval)
-        seen = seen.__cause__ or seen.__context__
+    signum = signal_of(exc)  # torch-elastic's agent got SIGTERM (a preempted node) or SIGINT
+    if signum:
+        return 128 + signum
     if isinstance(exc, IgnoreOutputs):  # a pod without global rank 0 finished: only rank 0 writes outputs
         return SUCCESS
     return RETRYABLE if isinstance(exc, FlyteRecoverableException) else PERMANENT

@@ -24,7 +24,9 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,7 +40,8 @@ from flytekitplugins.kfpytorch.task import (
 from flyscale import settings
 from flyscale.cluster import exit_codes, resources
 from flyscale.config import TrainConfig
-from flyscale.errors import UserError, verbose
+from flyscale.errors import RunInterrupted, UserError, verbose
+from flyscale.train.interrupt import read_note
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
         # Recorded outermost: the pod's exit code follows the retryable conversion below.
         with (
             exit_codes.recorded(),
+            interruptions_said(),
             importable_by_workers(self.task_function),
             transient_faults_retryable(),
             worker_errors_said_plainly(),
@@ -197,6 +201,60 @@ def worker_errors_said_plainly() -> Iterator[None]:
         ) from exc
     finally:
         elastic.setLevel(level)
+
+
+class _AgentSignalSaidOnce(logging.Filter):
+    """flytekit logs torch-elastic's agent stopping on a signal with the agent's traceback; the
+    interruption is said once, as the run's last line (`interruptions_said`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Elastic launch agent process terminating"):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+@contextlib.contextmanager
+def interruptions_said() -> Iterator[None]:
+    """In a local run, a Ctrl-C (or SIGTERM) during training as the one line it is: the step the
+    workers stopped at together, after their checkpoint, and that the same command resumes; the
+    command then exits 128 + the signal (130 for Ctrl-C). Without this the user sees torch-elastic's
+    agent's traceback, ending in an empty IgnoreOutputs.
+
+    The workers' main rank notes where it stopped in the file this names in FLYSCALE_INTERRUPT_NOTE
+    (flyscale/train/interrupt.py). In a pod, Flyte reads the error document: unchanged."""
+    if in_pytorchjob():
+        yield
+        return
+    fd, note = tempfile.mkstemp(prefix="flyscale-interrupt-", suffix=".json")
+    os.close(fd)
+    name, before = settings.INTERRUPT_NOTE.name, os.environ.get(settings.INTERRUPT_NOTE.name)
+    os.environ[name] = note  # the workers, forked or spawned, start with this environment
+    quiet = _AgentSignalSaidOnce()
+    flytekit_log = logging.getLogger("flytekit")
+    flytekit_log.addFilter(quiet)
+    try:
+        yield
+    except Exception as exc:
+        signum = exit_codes.signal_of(exc)
+        if not signum:
+            raise
+        said = read_note(note)
+        message = (
+            said.sentence()
+            if said is not None
+            else f"interrupted ({signal.Signals(signum).name}) where the training workers could not stop at a step "
+            f"together (before their first step, or after their last): the same command trains again, from the "
+            f"newest checkpoint there is"
+        )
+        raise RunInterrupted(message, 128 + signum) from exc
+    finally:
+        flytekit_log.removeFilter(quiet)
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+        with contextlib.suppress(OSError):
+            os.unlink(note)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from flytekit.exceptions.user import FlyteRecoverableException
 
 from flyscale.train.checkpoint_files import MANIFEST, complete_checkpoints
 from flyscale.train.distributed import LostPeer
+from flyscale.train.interrupt import Interrupted, leave_note
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,17 @@ log = logging.getLogger(__name__)
 @contextlib.contextmanager
 def lost_peers_retryable() -> Iterator[None]:
     """In a training worker: a lost peer is a fault of the machine, so Flyte may retry the task
-    (flytekit's Elastic task keeps a FlyteRecoverableException raised in a worker retryable)."""
+    (flytekit's Elastic task keeps a FlyteRecoverableException raised in a worker retryable).
+
+    So is a stop on a signal (`Interrupted`: a Ctrl-C, a preempted pod's SIGTERM), after its
+    checkpoint: a retry resumes from it. Where the signal reached the launcher too, the launcher
+    reports the interruption instead (`launchers.interruptions_said`), from the note left here."""
     try:
         yield
     except LostPeer as exc:
+        raise FlyteRecoverableException(str(exc)) from exc
+    except Interrupted as exc:
+        leave_note(exc)
         raise FlyteRecoverableException(str(exc)) from exc
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from flyscale.config import presets
 from flyscale.config.base import Section, decode, section
 from flyscale.config.plugins import PluginSection
-from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig
+from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig, default_model_name
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
@@ -84,6 +84,12 @@ class PipelineConfig(Section):
                     f"{exc} (augment.names is unset, so it is dataset {self.data.dataset!r}'s "
                     f"default_augmentations {names})"
                 ) from None
+        if not self.mlflow.model_name:
+            # Named after the data, as the augmentations above: a preset that names no model
+            # registers where models of its kind of data go, never under another dataset's name.
+            natural = str(self.data.plugin.attribute("objective"))
+            name = default_model_name(self.data.dataset, self.objective.name, natural)
+            self.mlflow = dataclasses.replace(self.mlflow, model_name=name)
         self._gates_read_what_the_objective_measures()
         if self.data.plugin.attribute("streaming") and self.augment.names and self.augment.copies:
             # Streamed data is prepared in one pass with no augment stage: say so rather than ignore it.
@@ -142,3 +148,6 @@ def measured(objective: Any) -> list[str]:
     classifier = "accuracy" in ups
     costs = ["int8_accuracy_drop"] if classifier else [f"int8_{cost_name(m, up)}" for m, up in costed(ups).items()]
     return [*names, *(f"int8_{n}" for n in names), *costs, "int8_speedup_b*", "int8_size_ratio", "onnx_max_abs_diff"]
+
+
+presets.refuse_missing_files()  # as pyflyte loads a workflow: before flytekit reads the last --cfg

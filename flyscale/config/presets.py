@@ -101,3 +101,17 @@ def given_on_command_line() -> list[str]:
         elif arg.startswith(OPTION + "="):
             values.append(arg.split("=", 1)[1])
     return values
+
+
+def refuse_missing_files() -> None:
+    """Under `pyflyte run`, stop at a `--cfg` that names no file, saying so. (flytekit parses the
+    last one itself before any of ours runs, and calls a path it cannot open "not a valid json
+    object".) Called as the workflow's module loads; nothing outside a pyflyte command line."""
+    for value in given_on_command_line():
+        try:
+            json.loads(value)
+        except ValueError:
+            if not Path(value).expanduser().is_file():
+                raise click.BadParameter(
+                    f"{value}: file not found (a YAML or JSON preset, or inline JSON)", param_hint=OPTION
+                ) from None

@@ -65,8 +65,14 @@ class QuantizeConfig(PluginSection):
     options: dict = field(default_factory=dict)
     # How much accuracy int8 may cost is the `quantization` gate's: gate: [..., {name: quantization,
     # options: {max_accuracy_drop: 0.01}}].
+    # When the int8 model is registered as the `-int8` twin: "if_it_pays" (smaller on disk, and
+    # faster by the geometric mean of the speed-ups timed; a convolutional model that does not pay
+    # is tried with static_int8 too), or "always".
+    twin: str = "if_it_pays"
 
     def __post_init__(self):
+        if self.twin not in ("if_it_pays", "always"):
+            raise ValueError(f"quantize.twin must be 'if_it_pays' or 'always', got {self.twin!r}")
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
 
 
@@ -76,7 +82,9 @@ class MlflowConfig(Section):
 
     _section = "mlflow"
     experiment: str = "flyscale"
-    model_name: str = "flyscale-digits"
+    # "": named after the data, filled in by PipelineConfig (`default_model_name`): one registered
+    # name per kind of model, so that another dataset's model never takes this one's champion.
+    model_name: str = ""
     alias: str = "champion"
     # "auto": a model that passes every gate becomes `alias` (compare-and-set). "manual": it becomes
     # `challenger_alias`, and a person moves `alias` with `flyscale promote` after looking.
@@ -89,11 +97,20 @@ class MlflowConfig(Section):
     request_timeout_s: int = 30
     lock_timeout_s: float = 120.0  # how long to wait for another run that is moving the alias
     lock_stale_s: float = 600.0  # a promotion lock older than this was left by a dead run
+    # A model whose inputs or objective differ from those of the model registered under
+    # `model_name` is refused before training (flyscale/tracking/kind.py): clients of the name
+    # send what it takes. True registers it under the name anyway, to replace that kind.
+    replace_kind: bool = False
 
     def __post_init__(self):
-        for name in ("experiment", "model_name", "alias", "challenger_alias"):
+        for name in ("experiment", "alias", "challenger_alias"):
             if not getattr(self, name).strip():
                 raise ValueError(f"mlflow.{name} must not be empty")
+        if self.model_name != self.model_name.strip() or "/" in self.model_name or ":" in self.model_name:
+            raise ValueError(
+                f"mlflow.model_name {self.model_name!r}: no '/', ':' or surrounding spaces (MLflow's model URIs "
+                f"read models:/<name>@<alias>); leave it out for the default, named after the data"
+            )
         if self.promotion not in ("auto", "manual"):
             raise ValueError(f"mlflow.promotion must be 'auto' or 'manual', got {self.promotion!r}")
         if self.challenger_alias == self.alias:
@@ -101,6 +118,17 @@ class MlflowConfig(Section):
         if self.retries < 0:
             raise ValueError(f"mlflow.retries must be >= 0, got {self.retries}")
         positive(self, "retry_backoff_s", "request_timeout_s", "lock_timeout_s", "lock_stale_s")
+
+
+def default_model_name(dataset: str, objective: str, natural_objective: str) -> str:
+    """The registered name a run gets when its config names none: `flyscale-<dataset>`, and
+    `-<objective>` when that is not the objective the dataset is for (its plugin's `objective`):
+    flyscale-digits, flyscale-image-folder, flyscale-python-docs, flyscale-text-classification.
+    One kind of data, one name: a model of other data never competes for another's champion."""
+    name = f"flyscale-{dataset}"
+    if objective != natural_objective:
+        name += f"-{objective}"
+    return name.replace("_", "-")
 
 
 SERVING_SETUPS = ("mlflow", "mlserver", "mlserver-batching")

@@ -253,7 +253,9 @@ class RecoveryConfig(Section):
 
     _section = "recovery"
     checkpoint_every_steps: int = 0  # a checkpoint every N optimizer steps; 0 = by time only
-    checkpoint_every_minutes: float = 5.0  # and one every M minutes of training; 0 = by steps only
+    # And one every M minutes of training; 0 = by steps only. Unset (null): a tenth of the run,
+    # between 30 s and 5 minutes, so that a run of a few minutes has checkpoints too.
+    checkpoint_every_minutes: float | None = None
     keep_checkpoints: int = 2  # the newest K are kept in the restart directory
     # DCP writes the tensors from a background thread while training goes on (a copy in host
     # memory meanwhile); false: training waits for each checkpoint to be written.
@@ -274,11 +276,19 @@ class RecoveryConfig(Section):
     collective_timeout_s: float = 120.0
 
     def __post_init__(self):
-        if self.checkpoint_every_steps < 0 or self.checkpoint_every_minutes < 0:
-            raise ValueError("recovery.checkpoint_every_steps and recovery.checkpoint_every_minutes must be >= 0")
+        minutes = self.checkpoint_every_minutes
+        if self.checkpoint_every_steps < 0 or (minutes is not None and minutes < 0):
+            raise ValueError(
+                "recovery.checkpoint_every_steps and recovery.checkpoint_every_minutes must be >= 0 "
+                "(checkpoint_every_minutes unset: an interval that scales with the run)"
+            )
         positive(self, "keep_checkpoints", "collective_timeout_s")
         if self.retention_days < 0:
             raise ValueError(f"recovery.retention_days must be >= 0 (0 = keep for ever), got {self.retention_days}")
+
+    def checkpoints(self) -> bool:
+        """Whether training checkpoints at all (by steps, by time, or on the scaled interval)."""
+        return bool(self.checkpoint_every_steps) or self.checkpoint_every_minutes != 0
 
 
 @section

@@ -135,8 +135,22 @@ def _images(column: pa.Array, field: FieldSpec, missing: np.ndarray, checked: Ch
         else:
             sizes[i] = list(image.shape)
     checked.fail(np.isin(np.arange(n), list(errors)), lambda i: f"{field.name}: decodable (got {errors[i]})")
-    checked.fail(np.isin(np.arange(n), list(sizes)), lambda i: f"{field.name}: shape {field.shape} (got {sizes[i]})")
+    checked.fail(
+        np.isin(np.arange(n), list(sizes)),
+        lambda i: f"{field.name}: shape {field.shape} (got {_size(sizes[i], field)})",
+    )
     return out
+
+
+def _size(shape: list[int], field: FieldSpec) -> str:
+    """An image's shape as found, with its size in pixels against the declared one and where that is set."""
+    (_, height, width), (_, want_h, want_w) = shape, field.shape
+    if (height, width) == (want_h, want_w):
+        return str(shape)
+    return (
+        f"{shape}: {height}x{width} pixels, not the {want_h}x{want_w} that the dataset's height and width "
+        f"options declare"
+    )
 
 
 def _arrays(column: pa.Array, field: FieldSpec, missing: np.ndarray, checked: Checked) -> np.ndarray:

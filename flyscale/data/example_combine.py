@@ -40,6 +40,7 @@ from flyscale.data.shards import Shards, ShardWriter
 from flyscale.data.stream_prep import DUPLICATE, Prepared, SeenRows
 from flyscale.data.validation import ValidationReport
 from flyscale.errors import DataError, require
+from flyscale.flyte import content
 from flyscale.plugin.contracts import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def _assemble_split(ordered: list[_Part], s: int, drop: dict[int, np.ndarray], i
             start += count
     if not shards.files(str(out)):
         pq.write_table(fields.split_schema(info, False).empty_table(), out / "part-00000-00000.parquet")
-    return Shards(dir=FlyteDirectory(str(out)), rows=rows, streamed=True)
+    return Shards(dir=FlyteDirectory(str(out)), rows=rows, streamed=True, sha256=content.directory_sha256(out))
 
 
 def _assemble_quarantine(ordered: list[_Part], duplicates: ShardWriter, info: DatasetInfo) -> Shards:
@@ -223,7 +224,7 @@ def _assemble_quarantine(ordered: list[_Part], duplicates: ShardWriter, info: Da
     for n, f in enumerate(shards.files(closed.dir.path)):
         _link(Path(f), out / f"duplicates-{n:05d}.parquet")
     rows = sum(p.part.quarantined for p in ordered) + closed.rows
-    return Shards(dir=FlyteDirectory(str(out)), rows=rows)
+    return Shards(dir=FlyteDirectory(str(out)), rows=rows, sha256=content.directory_sha256(out))
 
 
 def _label_sample(profile, info: DatasetInfo) -> pd.DataFrame:

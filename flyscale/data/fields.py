@@ -95,6 +95,11 @@ def stored_values(table: pa.Table, info: DatasetInfo) -> dict[str, np.ndarray]:
     return {f.name: to_numpy(table.column(f.name), f) for f in info.fields}
 
 
+# uint8 pixels are divided by this before a model sees them: the scale image models are built for.
+# The served model divides by the value its serving JSON records (flyscale/export/served.py).
+PIXEL_DIVISOR = 255.0
+
+
 def decode_images(column: pa.Array, field: FieldSpec) -> np.ndarray:
     """Encoded images kept in a split (already validated) as uint8 (N, C, H, W)."""
     out = np.empty((len(column), *field.shape), dtype="uint8")
@@ -108,13 +113,16 @@ def decode_image(data: bytes, field: FieldSpec) -> np.ndarray:
     The caller checks the size against the field's shape."""
     from PIL import Image, UnidentifiedImageError
 
+    kind = "an image"  # until PIL has read the header: then what it found, PNG or JPEG
     try:
         with Image.open(io.BytesIO(data)) as image:
+            kind = f"a {image.format}" if image.format else kind
             image.load()
             pixels = np.asarray(image.convert("L" if field.shape[0] == 1 else "RGB"), dtype="uint8")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        what = "not an image" if isinstance(exc, UnidentifiedImageError) else str(exc)
-        raise ValueError(f"bytes that do not decode as {field.encoding.upper()}: {what}") from None
+    except UnidentifiedImageError:
+        raise ValueError("bytes that are not an image PIL can read (PNG, JPEG, ...)") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise ValueError(f"{kind} that does not decode: {exc}") from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
 
 
@@ -169,7 +177,7 @@ class Reader:
         if self.field is None or self.field.dtype == "float32":
             return np.asarray(x, dtype="float32")
         if self.field.dtype == "uint8":
-            return x.astype("float32") / 255.0
+            return x.astype("float32") / PIXEL_DIVISOR
         return np.asarray(x, dtype="int64")
 
     def empty(self) -> np.ndarray:

@@ -13,12 +13,15 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
 import pyarrow
 import pyarrow.parquet as pq
 from flytekit.types.directory import FlyteDirectory
+
+from flyscale.flyte import content
 
 ROW_GROUP_ROWS = 65_536  # the unit of streaming: one row group is read, shuffled and batched at a time
 
@@ -30,6 +33,18 @@ class Shards:
     dir: FlyteDirectory
     rows: int
     streamed: bool = False  # larger than memory: train from it by streaming, never read it whole
+    # The files' content hash (content.directory_sha256), taken as they were written; "" where
+    # unknown, and then taken from the files when it is asked for.
+    sha256: str = ""
+
+    def content_key(self) -> dict:
+        """What a cache key holds of the split: its bytes and counts, not where it was written."""
+        local = self.dir.path if os.path.exists(self.dir.path) else self.dir.download()
+        return {"sha256": self.sha256 or content.directory_sha256(local), "rows": self.rows, "streamed": self.streamed}
+
+
+# A split as a task output: later tasks' cache keys hold its content, not where it was written.
+ContentShards = Annotated[Shards, content.BY_CONTENT]
 
 
 def files(path: str) -> list[str]:
@@ -79,19 +94,29 @@ class ShardWriter:
         self._writer.write_table(head, row_group_size=self.row_group_rows)
         self._in_file += head.num_rows
         if self._in_file >= self.rows_per_file:
-            self._writer.close()
-            self._writer, self._in_file = None, 0
+            self._close_file()
+
+    def _close_file(self) -> None:
+        assert self._writer is not None
+        self._writer.close()
+        self._writer, self._in_file = None, 0
+        # Hashed while it is fresh in memory: the split's content hash on close reads nothing again.
+        content.file_sha256(self.root / f"part-{self._count - 1:05d}.parquet")
 
     def close(self, schema: pyarrow.Schema | None = None) -> Shards:
         """Flush what is left and return the split (an empty split still has one, empty, file)."""
         if self._pending_rows:
             self._flush(self._pending_rows)
         if self._writer is not None:
-            self._writer.close()
-            self._writer, self._in_file = None, 0  # rows written after this go to a new file
+            self._close_file()  # rows written after this go to a new file
         if self._count == 0 and schema is not None:
             pq.write_table(schema.empty_table(), self.root / "part-00000.parquet")
-        return Shards(dir=FlyteDirectory(str(self.root)), rows=self.rows, streamed=self.streamed)
+        return Shards(
+            dir=FlyteDirectory(str(self.root)),
+            rows=self.rows,
+            streamed=self.streamed,
+            sha256=content.directory_sha256(self.root),
+        )
 
 
 def write(frame: pd.DataFrame, name: str) -> Shards:

@@ -150,10 +150,10 @@ def validate(
     """(valid rows, quarantined rows with reasons, the report, the info held to the reference)."""
     reference = reference or Reference()
     where = f"dataset {cfg.dataset!r}"
-    pinned_info = pin(info, reference, where)
     data = frame.drop(columns=[c for c in (SOURCE_FILE, SOURCE_ROW) if c in frame])
-    if data.empty:
-        raise DataError(f"{where} holds no rows: there is nothing to validate or train on")
+    if data.empty:  # before the pinned schema, which would call every column of an empty CSV retyped (null)
+        raise DataError(f"{where} holds no rows (empty): there is nothing to validate or train on")
+    pinned_info = pin(info, reference, where)
     reject_schema_problems(data, pinned_info, where)
     schema = row_schema(cfg, pinned_info)
     validated, reasons = row_failures(data, schema, where)

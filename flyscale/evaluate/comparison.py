@@ -3,6 +3,7 @@ size and latency, the numbers the `quantization` gate judges and MLflow records.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -12,6 +13,11 @@ from torch import nn
 from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.plugin.contracts import cost_name, costed
+
+# What "smaller and faster" means for an int8 twin to be worth a second model to serve: a file at
+# least 10 % smaller, and at least 5 % faster by the geometric mean over the batch sizes timed.
+# Timings on a shared machine move by a few percent between repeats, so 1.01x is no speed-up.
+PAYS_SMALLER, PAYS_FASTER = 1.10, 1.05
 
 
 @dataclass
@@ -27,6 +33,36 @@ class Comparison:
     # is worse: {"perplexity_increase": 0.03, "r2_drop": 0.001}.
     costs: dict[str, float] = field(default_factory=dict)
     unit: str = "batch"  # what one timed call makes: a "batch" of predictions, or a generated "token"
+    # Whether the int8 model earns its place beside fp32 (smaller and faster, `pays`), and in words
+    # why or why not, with any other quantizer tried; an int8 model that does not pay is not
+    # registered as the twin.
+    pays: bool = True
+    verdict: str = ""
+
+    def judge(self, tried: str = "") -> Comparison:
+        """Set `pays` from the measurements: smaller on disk, and faster by the geometric mean of
+        the speed-ups over the batch sizes timed (one batch size's noise does not decide it), each
+        by a margin (PAYS_SMALLER, PAYS_FASTER).
+        `tried`: what another quantizer did, to say beside it."""
+        speedups = list(self.speedup().values())
+        mean = math.prod(speedups) ** (1 / len(speedups)) if speedups else 0.0
+        spread = f"{min(speedups):.2f}-{max(speedups):.2f}x" if speedups else "not timed"
+        sizes = [b for b in self.fp32_latency.batch_sizes]
+        where = f"batch {min(sizes)}-{max(sizes)}" if sizes else "no batch"
+        smaller, faster = self.size_ratio >= PAYS_SMALLER, mean >= PAYS_FASTER
+        self.pays = smaller and faster
+        said = (
+            f"{self.quantizer}: {self.size_ratio:.2f}x smaller, {mean:.2f}x the speed (geometric mean of {spread} over "
+            f"{where})"
+        )
+        if self.pays:
+            self.verdict = f"pays: {said}"
+        else:
+            lacks = " and ".join(w for w, ok in (("smaller", smaller), ("faster", faster)) if not ok)
+            self.verdict = f"does not pay, not {lacks}: {said}"
+        if tried:
+            self.verdict += f"; {tried}"
+        return self
 
     def speedup(self) -> dict[int, float]:
         """{batch size: fp32 p50 / int8 p50}."""
@@ -44,6 +80,7 @@ class Comparison:
             **self.int8_latency.scalars("int8_"),
             **{f"int8_speedup_b{b}": s for b, s in self.speedup().items()},
             "int8_size_ratio": self.size_ratio,
+            "int8_pays": float(self.pays),
             **({"int8_accuracy_drop": self.accuracy_drop} if not self.costs else {}),
             **{f"int8_{k}": v for k, v in self.costs.items()},
         }

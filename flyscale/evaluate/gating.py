@@ -22,6 +22,11 @@ class ChampionRef:
     run_id: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # its test metrics, without the test_ prefix
     test_sha256: str = ""  # the fingerprint of the test data those metrics were measured on
+    # Its metrics on the candidate's test split, scored through its registered model
+    # (flyscale/tracking/same_split.py) for a gate that compares with it; {} when not scored.
+    scored: dict[str, float] = field(default_factory=dict)
+    unscored: str = ""  # why it could not be scored there ("" when it was, or when no gate compares)
+    other_kind: str = ""  # its kind, when it is another than the candidate's and mlflow.replace_kind replaces it
 
     def label(self) -> str:
         return f"v{self.version}" if self.version else "no champion"
@@ -34,12 +39,57 @@ class ChampionRef:
         return "same" if self.test_sha256 == test_sha256 else "other"
 
     def for_gate(self, test_data: str) -> dict[str, float] | None:
-        """What a gate plugin receives: the champion's metrics and version, and whether it was
-        tested on this run's test data (1.0, or 0.0 when it is known to be other data), or None
-        when there is no champion. `test_data` is `self.test_data(...)`."""
+        """What a gate plugin receives: the champion's metrics and version, and whether they were
+        measured on this run's test data (1.0, or 0.0 when it is known to be other data), or None
+        when there is no champion. Scored on this run's split: those metrics, and `scored` 1.0;
+        not scoreable there: its recorded metrics, `scored` 0.0 (and `other_kind` 1.0 when it is
+        another kind that mlflow.replace_kind replaces). `test_data` is `self.test_data(...)`."""
         if not self.version:
             return None
-        return {**self.metrics, "version": float(self.version), "same_test_data": 0.0 if test_data == "other" else 1.0}
+        if self.scored:
+            return {**self.scored, "version": float(self.version), "same_test_data": 1.0, "scored": 1.0}
+        out = {**self.metrics, "version": float(self.version), "same_test_data": 0.0 if test_data == "other" else 1.0}
+        if self.unscored or self.other_kind:
+            out["scored"] = 0.0
+        if self.other_kind:
+            out["other_kind"] = 1.0
+        return out
+
+    def split_line(self, test_sha256: str, match: str) -> str:
+        """Which test data the champion's numbers come from, in words ("" = no champion)."""
+        if not self.version:
+            return ""
+        recorded = (
+            "the same split"
+            if match == "same"
+            else f"its own test split ({self.test_sha256[:12]})"
+            if match == "other"
+            else "a test split it recorded no fingerprint of"
+        )
+        if self.scored:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in list(self.scored.items())[:3])
+            return (
+                f"this run's test split ({test_sha256[:12]}): champion {self.label()} was scored on it through its "
+                f"registered model ({shown}); the metrics it recorded are from {recorded}"
+            )
+        if self.other_kind:
+            return (
+                f"champion {self.label()} is another kind of model ({self.other_kind}), replaced as "
+                f"mlflow.replace_kind says: not scored on this run's test split ({test_sha256[:12]})"
+            )
+        if self.unscored:
+            return (
+                f"champion {self.label()} could not be scored on this run's test split ({test_sha256[:12]}): "
+                f"{self.unscored}. Its recorded metrics are from {recorded}"
+            )
+        if match == "unknown":
+            return f"champion {self.label()} recorded no test-data fingerprint: compared as given"
+        if match == "same":
+            return f"the same test data as champion {self.label()} ({test_sha256[:12]})"
+        return (
+            f"OTHER test data than champion {self.label()} (its {self.test_sha256[:12]}, this "
+            f"run's {test_sha256[:12]}): its metrics were measured on its own test set"
+        )
 
 
 @dataclass
@@ -51,6 +101,12 @@ class Judgment:
     passed: bool = False
     test_data: str = ""  # how the test data compared with the champion's, in words ("" = no champion)
     failed: list[str] = field(default_factory=list)  # the failed gates' reasons
+    # Drift measured again against `champion`, when validation had measured it against another
+    # reference (flyscale/tracking/reference.py remeasure): what the summary and MLflow then show.
+    remeasured: bool = False
+    reference: str = ""  # the reference drift was measured against ("" = none)
+    drift: dict[str, float] = field(default_factory=dict)
+    reference_note: str = ""
 
     @property
     def verdict(self) -> GateVerdict:
@@ -71,16 +127,12 @@ def judge(
     gates = cfg.gates if isinstance(cfg, GatesConfig) else [cfg]
     match = champion.test_data(test_sha256)  # once: what the gates receive and what the summary says
     verdicts = [judge_one(g, metrics, champion.for_gate(match)) for g in gates]
-    test_data = ""
-    if champion.version:
-        if match == "unknown":
-            test_data = f"champion {champion.label()} recorded no test-data fingerprint: compared as given"
-        elif match == "same":
-            test_data = f"the same test data as champion {champion.label()} ({test_sha256[:12]})"
-        else:
-            test_data = (
-                f"OTHER test data than champion {champion.label()} (its {champion.test_sha256[:12]}, this "
-                f"run's {test_sha256[:12]}): its metrics were measured on its own test set"
-            )
+    test_data = champion.split_line(test_sha256, match)
     passed = bool(verdicts) and all(v.passed for v in verdicts)
     return Judgment(verdicts, champion, passed, test_data, [f"{v.name}: {v.reason}" for v in verdicts if not v.passed])
+
+
+def compares_champion(cfg: GatesConfig) -> bool:
+    """Whether a configured gate compares the candidate with the champion (`compares_champion`):
+    then the champion is scored on the candidate's test split first."""
+    return any(bool(g.plugin.attribute("compares_champion")) for g in cfg.gates)

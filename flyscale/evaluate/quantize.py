@@ -15,6 +15,10 @@ from flyscale.data import fields
 from flyscale.model import as_module
 from flyscale.plugin.contracts import DatasetInfo
 
+# The quantizer a convolutional model's int8 is tried with when the configured one does not pay:
+# static QDQ quantizes the convolutions, which dynamic int8 leaves in fp32.
+STATIC = "static_int8"
+
 
 def quantize(model: nn.Module, cfg: QuantizeConfig, calibration: Sequence[torch.Tensor] | None = None) -> nn.Module:
     """A quantized copy of `model` by the configured quantizer.

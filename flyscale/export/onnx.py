@@ -163,6 +163,13 @@ class OnnxModule(nn.Module):
         return self.path.stat().st_size
 
 
+def has_convolutions(path: Path) -> bool:
+    """Whether the ONNX file at `path` computes convolutions (what dynamic int8 leaves in fp32)."""
+    import onnx
+
+    return any(node.op_type.startswith("Conv") for node in onnx.load(str(path), load_external_data=False).graph.node)
+
+
 def session(path: Path, spinning: bool = True):
     """An ONNX Runtime session on the CPU. `spinning` False: its threads sleep between calls
     instead of spinning for the next one, which otherwise holds the cores for a while after

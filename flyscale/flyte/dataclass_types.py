@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Annotated, get_args, get_origin
 
 from flytekit.core.type_engine import DataclassTransformer, TypeEngine
 from flytekit.models.types import LiteralType
@@ -57,7 +58,9 @@ class SchemaOnceTransformer(DataclassTransformer):
         self._literal_type: LiteralType | None = None
 
     def get_literal_type(self, t) -> LiteralType:
-        if t is not self._t:  # an Annotated or generic variant: not ours to remember
+        if get_origin(t) is Annotated and get_args(t)[0] is self._t:
+            t = self._t  # an output keyed by content (a HashMethod): flytekit drops the annotation too
+        if t is not self._t:  # a generic variant: not ours to remember
             return super().get_literal_type(t)
         if self._literal_type is None:
             key = memo.key(_builder_version(), t.__module__, t.__qualname__)

@@ -140,6 +140,8 @@ class DatasetPlugin(Protocol):
     seen): every run takes it, and loading re-runs only when it changes. Without one, every run loads the data to hash its content.
     `streaming = True` with `chunks(options)`, an iterator of frames like `load`'s: the data is
     larger than memory, so flyscale validates it chunk by chunk and training streams it.
+    `objective` (default "classification"): the objective the data is for; a run with another
+    one is registered under a name of its own (flyscale.config.publishing.default_model_name).
 
     A dataset of typed examples (images, text, ...) declares its `fields` in `info` and has
     `examples(options, shard)` instead of `load`: an iterator of `pyarrow.RecordBatch`es of one
@@ -225,7 +227,12 @@ class QuantizerPlugin(Protocol):
 
 
 class GatePlugin(Protocol):
-    """Decides whether a candidate's test metrics are good enough to publish."""
+    """Decides whether a candidate's test metrics are good enough to publish.
+
+    Optional: `compares_champion = True`: the gate compares the candidate with the champion, so
+    flyscale scores the champion's registered model on the candidate's test split first and
+    `champion` holds those metrics, with `scored` 1.0 (0.0, and the champion's recorded metrics,
+    when it could not be scored there). Without it `champion` holds the recorded metrics."""
 
     def check(
         self, metrics: Mapping[str, float], options: Any, champion: Mapping[str, float] | None
@@ -347,12 +354,12 @@ ALTERNATIVES: dict[str, dict[str, str]] = {
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.
 OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
-    "datasets": {"options_type": None, "default_augmentations": (), "streaming": False},
+    "datasets": {"options_type": None, "default_augmentations": (), "streaming": False, "objective": "classification"},
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
     "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False, "reshards": False},
     "quantizers": {"options_type": None, "calibrates": False, "works_on": "torch"},
-    "gates": {"options_type": None},
+    "gates": {"options_type": None, "compares_champion": False},
     "objectives": {
         "options_type": None,
         "labelled": True,

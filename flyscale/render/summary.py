@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.provenance import CacheReport
 from flyscale.plugin.contracts import GateVerdict
 from flyscale.tracking.publish import Registration
-from flyscale.tracking.registration import Candidate, resumed
+from flyscale.tracking.registration import Candidate, judged_report, resumed
 from flyscale.train.preflight import PreflightReport
 
 # MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's
@@ -64,13 +65,15 @@ class RunSummary:
     tokens: TokenStats | None = None  # text: the tokenizer, the token counts and the unigram baseline
     onnx: str = ""  # how the ONNX export answered the test split against PyTorch ("" = not exported)
     served: list[str] = field(default_factory=list)  # the load test of the served model, a line a level
+    reference_note: str = ""  # drift measured against the champion judged against, not validation's reference
 
     @classmethod
     def of(cls, candidate: Candidate, registration: Registration) -> RunSummary:
         """The summary of a registered (or recorded) candidate."""
         c = candidate
         return cls(
-            validation=c.report,
+            validation=judged_report(c.report, c.judgment),
+            reference_note=c.judgment.reference_note if c.judgment.remeasured else "",
             fp32=c.fp32,
             int8=c.int8,
             verdicts=c.judgment.verdicts,
@@ -95,7 +98,12 @@ class RunSummary:
 
     def _models(self) -> list[str]:
         """The test metrics of both models: a classifier's accuracy and macro-F1, or the objective's own."""
-        fp32, int8 = self.fp32, self.int8
+        fp32, int8, c = self.fp32, self.int8, self.comparison
+        # The sizes of the files compared and served (the ONNX export and its int8 copy, where the
+        # comparison was made on ONNX), not the trained state dict against an ONNX file.
+        fp32 = (
+            dataclasses.replace(fp32, size_bytes=round(int8.size_bytes * c.size_ratio)) if c and c.size_ratio else fp32
+        )
         ratio = f"{fp32.size_bytes / max(int8.size_bytes, 1):.2f}x smaller"
         if fp32.classifier:
             return [
@@ -141,9 +149,15 @@ class RunSummary:
                 if v.drift
                 else ""
             ),
+            *([f"              {self.reference_note}"] if self.reference_note else []),
             f"  fingerprint {self.fingerprint.value[:16]} ({self.fingerprint.method})",
             *(self.tokens.lines() if self.tokens is not None else []),
             *self._models(),
+            *(
+                [f"  int8        {'' if self.comparison.pays else 'not registered: it '}{self.comparison.verdict}"]
+                if self.comparison is not None and self.comparison.verdict
+                else []
+            ),
             *(
                 [
                     f"  onnx        {self.onnx}"
@@ -186,10 +200,8 @@ class RunSummary:
             lines.append(f"  run name    {r.run_name}")
         if r.model_version:
             again = " (this training run was registered before: no new version)" if r.reused else ""
-            lines.append(
-                f"  registered  {r.model_name} v{r.model_version}, {r.int8_model_name} v{r.int8_model_version}"
-                f"{again}; {champion}"
-            )
+            twin = f", {r.int8_model_name} v{r.int8_model_version}" if r.int8_model_version else " (no int8 twin)"
+            lines.append(f"  registered  {r.model_name} v{r.model_version}{twin}{again}; {champion}")
         else:
             lines.append("  registered  no version: the candidate and its models are logged with the run only")
         lines.append(f"  promotion   {r.promotion}")

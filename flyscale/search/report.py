@@ -8,11 +8,12 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from flyscale.config.flatten import flatten
 from flyscale.render.summary import RunSummary
 from flyscale.search import study
 from flyscale.search.config import SearchStudyConfig
-from flyscale.search.study import PRUNED, TrialResult
-from flyscale.tracking.store import EXECUTION_TAG, client_settings, tracking_uri, use_experiment
+from flyscale.search.study import PRUNED, TrialResult, TrialSpec
+from flyscale.tracking.store import EXECUTION_TAG, MAX_PARAM_CHARS, client_settings, tracking_uri, use_experiment
 from flyscale.train.telemetry import TrainHistory
 
 PARENT_TAG = "flyscale.search"
@@ -86,31 +87,65 @@ def open_parent(cfg: SearchStudyConfig, name: str, started_at: float) -> str:
     return run.info.run_id
 
 
-def replayed_child(cfg: SearchStudyConfig, at: Study, result: TrialResult, history: TrainHistory) -> str:
-    """A child run for a trial whose training the cache replayed: its values, its epochs' metrics
-    and the run that trained it. Its id."""
+# How a trial ended, on its child run. MLflow has no "pruned" status: a pruned trial's run is
+# FINISHED (its training ended as the search decided) with this tag saying "pruned", as Optuna's
+# own MLflow callback does. KILLED would read as a run someone stopped, and the UI's status
+# filter would hide pruned trials among crashed ones; the compare view treats every status alike.
+STATE_TAG = "flyscale.trial_state"
+
+
+def close_trial(
+    cfg: SearchStudyConfig, at: Study, result: TrialResult, history: TrainHistory, ended_at: float = 0.0
+) -> str:
+    """End a trial's child run as any run ends, so the compare view can set trials side by side:
+    FINISHED, named by its values (`trial-03 lr=0.00312 hidden=[128]`), its state in the tag
+    `flyscale.trial_state` (complete or pruned), and as params the whole effective config it
+    trained (`train.lr`, `model.options.hidden`, ...) and its sampled values (`trial.train.lr`).
+    The run is the trial's own training run; a trial whose training the cache replayed (or that
+    could not reach MLflow as it trained) gets a new one, with its epochs' metrics and the run that
+    trained it. `ended_at` (unix seconds): when its training ended. The run's id."""
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
+    name = study.run_name(result.number, result.params)
+    config = flatten(study.trial_config(cfg, TrialSpec(number=result.number, params=result.params)))
+    params = {**{k: _param_text(v) for k, v in config.items()}, **{f"trial.{k}": v for k, v in result.params.items()}}
+    tags = {STATE_TAG: result.state, "flyscale.trial": str(result.number), "mlflow.parentRunId": at.parent_run_id}
+    if result.stopping:
+        tags["flyscale.stopping"] = result.stopping[:MAX_PARAM_CHARS]
     with client_settings(cfg.mlflow):
         client = MlflowClient(tracking_uri())
-        experiment = use_experiment(client, cfg.mlflow.experiment)
-        run = client.create_run(
-            experiment,
-            run_name=f"trial {result.number} (replayed)",
-            tags={
-                "mlflow.parentRunId": at.parent_run_id,
-                "flyscale.trial": str(result.number),
-                "flyscale.replayed_from": history.mlflow_run_id,
-            },
-        )
-        metrics = [
-            Metric(k, float(v), 0, m.epoch) for m in history.epochs for k, v in m.per_epoch().items() if v is not None
-        ]
-        params = [Param(f"trial.{k}", v) for k, v in result.params.items()]
-        client.log_batch(run.info.run_id, metrics=metrics[:1000], params=params)
-        client.set_terminated(run.info.run_id)
-    return run.info.run_id
+        run_id = "" if result.replayed else history.mlflow_run_id
+        metrics = []
+        if not run_id:
+            experiment = use_experiment(client, cfg.mlflow.experiment)
+            if result.replayed:
+                name, tags["flyscale.replayed_from"] = f"{name} (replayed)", history.mlflow_run_id
+            run_id = client.create_run(experiment, run_name=name, tags=tags).info.run_id
+            metrics = [
+                Metric(k, float(v), 0, m.epoch)
+                for m in history.epochs
+                for k, v in m.per_epoch().items()
+                if v is not None
+            ]
+        else:
+            client.update_run(run_id, name=name)
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
+        logged = client.get_run(run_id).data.params  # a param once logged cannot change
+        fresh = [Param(k, v) for k, v in params.items() if k not in logged]
+        for at_param in range(0, len(fresh), 100):  # MLflow takes at most 100 params a batch
+            client.log_batch(run_id, params=fresh[at_param : at_param + 100])
+        for at_metric in range(0, len(metrics), 1000):  # and 1000 metrics
+            client.log_batch(run_id, metrics=metrics[at_metric : at_metric + 1000])
+        client.set_terminated(run_id, "FINISHED", end_time=int(ended_at * 1000) if ended_at else None)
+    return run_id
+
+
+def _param_text(value: object) -> str:
+    """A config value as the pipeline's runs log it: its text, cut only past MLflow's limit."""
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 40] + " ... (cut: see config.yaml)"
 
 
 def log_study(cfg: SearchStudyConfig, at: Study, results: list[TrialResult], best: TrialResult, chosen: dict) -> None:

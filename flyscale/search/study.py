@@ -45,6 +45,10 @@ class TrialSpec:
             return f"{self.study.rsplit('@', 1)[0]}#{self.number}"
         return ""
 
+    def run_name(self) -> str:
+        """The trial's MLflow run name (see `run_name`)."""
+        return run_name(self.number, self.params)
+
 
 @dataclass
 class TrialResult:
@@ -57,6 +61,30 @@ class TrialResult:
     replayed: bool = False  # its training came from the cache: this execution trained nothing for it
     seconds: float = 0.0  # its epochs' training time (what a search costs beyond it is overhead)
     stopping: str = ""
+
+
+def run_name(number: int, params: dict[str, str]) -> str:
+    """`trial-03 lr=0.00312 hidden=[128,64]`: a trial's MLflow run name, its number and the values it
+    tried, each by the last part of its config path (the whole path where two end alike), so the
+    UI's run list and compare view tell the trials apart."""
+    leaves = [path.rsplit(".", 1)[-1] for path in params]
+    values = []
+    for path, leaf in zip(params, leaves):
+        label = leaf if leaves.count(leaf) == 1 else path
+        values.append(f"{label}={_short(json.loads(params[path]))}")
+    return " ".join([f"trial-{number:02d}", *values])[:RUN_NAME_CHARS]
+
+
+RUN_NAME_CHARS = 250  # MLflow keeps run names this long; a space of many long choices is cut
+
+
+def _short(value: Any) -> str:
+    """A value as a run name shows it: floats to 3 significant digits, lists without spaces."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
 
 
 def storage_url(cfg: SearchConfig, home: Path, local: bool = True) -> str:

@@ -124,7 +124,7 @@ def score_part(cfg: DataConfig, name: str, model_uri: str, out: Path) -> Scored:
     rows = 0
     try:
         for origin, x in _inputs(cfg, name, info):
-            answer = np.asarray(model.predict(x))
+            answer = _answers(model, x)
             table = _table(origin, answer, model_uri)
             if writer is None:
                 writer = pq.ParquetWriter(str(out), table.schema)
@@ -137,6 +137,20 @@ def score_part(cfg: DataConfig, name: str, model_uri: str, out: Path) -> Scored:
         pq.write_table(pa.table({SOURCE_FILE: pa.array([], pa.string()), SOURCE_ROW: pa.array([], pa.int64())}), out)
     log.info("%s: %d rows scored by %s", name, rows, model_uri)
     return Scored(rows, str(out))
+
+
+def _answers(model: Any, x: np.ndarray) -> np.ndarray:
+    """The model's answer for each row; NaN for a row with a missing value, which the served
+    model refuses, so that every row is still scored in order (none, for an empty file, which
+    the served model refuses too)."""
+    finite = np.isfinite(x).reshape(len(x), -1).all(axis=1) if len(x) else np.zeros(0, dtype=bool)
+    if len(x) and finite.all():
+        return np.asarray(model.predict(x))
+    # Asked of the complete rows, or of one row of zeros when none is: the answer's shape.
+    asked = np.asarray(model.predict(x[finite] if finite.any() else np.zeros((1, *x.shape[1:]), x.dtype)))
+    out = np.full((len(x), *asked.shape[1:]), np.nan, dtype=np.result_type(asked.dtype, np.float32))
+    out[finite] = asked[: int(finite.sum())]
+    return out
 
 
 def _numeric(frame: pd.DataFrame, features: list[str], name: str) -> np.ndarray:

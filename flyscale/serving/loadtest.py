@@ -167,8 +167,10 @@ def mlflow_body(example: dict) -> bytes:
     return json.dumps(example).encode()
 
 
-def v2_body(rows: np.ndarray, input_name: str = "input-0") -> bytes:
-    """An Open Inference Protocol (V2) request of float32 rows, as MLServer and Triton take it."""
+def v2_body(rows: np.ndarray, input_name: str = "input") -> bytes:
+    """An Open Inference Protocol (V2) request of float32 rows, as MLServer and Triton take it.
+    `input` is the name in a flyscale model's signature and its ONNX file (MLServer keys a named
+    input by it; an unnamed one takes the first input, whatever its name)."""
     rows = np.asarray(rows, dtype="float32")
     tensor = {"name": input_name, "shape": list(rows.shape), "datatype": "FP32", "data": rows.ravel().tolist()}
     return json.dumps({"inputs": [tensor]}).encode()

@@ -235,9 +235,11 @@ def promote(
     candidate_sha256: str,
     lock_timeout_s: float,
     lock_stale_s: float,
+    withdrawn: tuple[str, ...] = (),
 ) -> Promotion:
     """Move `alias` of each (model, version) only if the first model's alias still points at
-    `judged` (or at a version with these very weights). All or none of them move."""
+    `judged` (or at a version with these very weights), and take it off each model `withdrawn`
+    (an int8 twin this version has none of). All or none of them move."""
     from mlflow.exceptions import MlflowException
 
     model_name, version = versions[0]
@@ -262,6 +264,11 @@ def promote(
                 before = current_version(client, name, alias)
                 client.set_registered_model_alias(name, alias, v)
                 moved.append((name, str(before.version) if before is not None else None))
+            for name in withdrawn:
+                before = current_version(client, name, alias)
+                if before is not None:
+                    client.delete_registered_model_alias(name, alias)
+                    moved.append((name, str(before.version)))
         except MlflowException:
             for name, before in moved:  # all or none: put back what this loop already moved
                 with contextlib.suppress(MlflowException):
@@ -328,6 +335,12 @@ def move_alias(
             client.set_registered_model_alias(name, alias, version)
             client.set_model_version_tag(name, version, f"flyscale.{action}", note)
             client.set_registered_model_tag(name, "flyscale.last_alias_move", note)
+        # A version without an int8 twin (its int8 did not pay): no other version's twin stands beside it.
+        withdrawn = not twins and current_version(client, f"{model_name}-int8", alias) is not None
+        if withdrawn:
+            client.delete_registered_model_alias(f"{model_name}-int8", alias)
+    if withdrawn:
+        return note + f" ('{alias}' taken off {model_name}-int8: v{target.version} has no int8 twin)"
     return note + (f" (and {moves[1][0]} v{moves[1][1]})" if len(moves) > 1 else "")
 
 

@@ -31,11 +31,12 @@ def version_description(record: RunRecord, cfg: PipelineConfig, model_name: str,
         f"trained with `{h.strategy}` on {h.world_size} worker(s) for {len(h.epochs)} epochs on dataset "
         f"`{cfg.data.dataset}` (data fingerprint `{record.data_sha256[:16]}`).",
         "",
-        f"| test metric | v{version} | {champion.label()} |",
+        # The champion's numbers on this version's test split where it was scored there.
+        f"| test metric | v{version} | {champion.label()}{' (on this test split)' if champion.scored else ''} |",
         "|---|---|---|",
     ]
     for k in headline(ours):
-        theirs = champion.metrics.get(k)
+        theirs = (champion.scored or champion.metrics).get(k)
         beside = f"{theirs:.4f} ({ours[k] - theirs:+.4f})" if theirs is not None else "-"
         lines.append(f"| {k.replace('_', ' ')} | {ours[k]:.4f} | {beside} |")
     lines += [

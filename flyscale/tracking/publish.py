@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from flyscale.config import MlflowConfig
 from flyscale.tracking import champion
+from flyscale.tracking import kind as kinds
 from flyscale.tracking.champion import Promotion
 from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.reference import _version_of
@@ -98,7 +99,8 @@ def _publish(
     experiment_id = use_experiment(client, cfg.experiment)
     mlflow.set_experiment(experiment_id=experiment_id)
     passed = all(v.passed for v in record.verdicts)
-    names = (cfg.model_name, f"{cfg.model_name}-int8")
+    twin = f"{cfg.model_name}-int8"
+    names = (cfg.model_name, twin) if not record.int8_not_registered else (cfg.model_name,)
     registered: list[tuple[str, str]] = []
     created: list[tuple[str, str]] = []  # only what this run added is undone on failure
     reused = False
@@ -118,9 +120,16 @@ def _publish(
             log_run(record, passed, epochs_logged=bool(live))
             # Log both models before registering either: a failure here leaves no version behind.
             infos = [log_model(fp32, "model", tmp), log_model(int8, "model_int8", tmp)]
+            # Checked before training too (check_model); again here, as another kind may have been
+            # registered under the name since.
+            other = (
+                kinds.refusal(client, cfg, kinds.ModelKind.from_json(record.kind)) if register and record.kind else ""
+            )
             if not register:
                 failed = "; ".join(f"{v.name}: {v.reason}" for v in record.verdicts if not v.passed)
                 promotion = Promotion(False, f"not registered: a gate failed ({failed})")
+            elif other:
+                promotion = Promotion(False, f"not registered: {other}")
             else:
                 tags = {
                     "flyscale.gates": "passed",
@@ -129,7 +138,11 @@ def _publish(
                     champion.JUDGED_TAG: record.judged_against.version,
                     champion.TEST_DATA_TAG: record.test_sha256,
                     DATA_TAG: record.data_sha256,
-                    REFERENCE_TAG: _version_of(record.validation.reference),
+                    # What validation held the data to: a rerun on these bytes is held to it again.
+                    REFERENCE_TAG: _version_of(
+                        record.validation.reference if record.validated_against is None else record.validated_against
+                    ),
+                    **({kinds.KIND_TAG: record.kind} if record.kind else {}),
                     REFERENCE_URI_TAG: f"{run.info.artifact_uri}/data/reference.json",
                     **record.lineage,
                     REGISTRATION_TAG: _registration_key(record),
@@ -161,6 +174,8 @@ def _publish(
                         record.weights_sha256,
                         cfg.lock_timeout_s,
                         cfg.lock_stale_s,
+                        # No twin of this version: the old champion's must not stand beside it.
+                        withdrawn=(twin,) if record.int8_not_registered else (),
                     )
         except BaseException:
             # Before the alias moved (promote puts it back if it fails half-way): the registry
@@ -189,8 +204,8 @@ def _publish(
         run_id=run.info.run_id,
         model_name=names[0],
         model_version=versions.get(names[0], ""),
-        int8_model_name=names[1],
-        int8_model_version=versions.get(names[1], ""),
+        int8_model_name=twin,
+        int8_model_version=versions.get(twin, ""),
         champion=promotion.moved,
         alias=cfg.alias,
         promotion=promotion.reason,

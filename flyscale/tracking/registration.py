@@ -4,6 +4,7 @@ gate passed, the alias moved by compare-and-set."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -24,6 +25,7 @@ from flyscale.plugin.contracts import DatasetInfo
 from flyscale.tracking import publish as tracking
 from flyscale.tracking import run_log
 from flyscale.tracking.descriptions import Describer
+from flyscale.tracking.kind import ModelKind
 from flyscale.tracking.model_spec import spec_json
 from flyscale.tracking.publish import Registration
 from flyscale.tracking.store import run_name
@@ -125,7 +127,7 @@ def run_record(c: Candidate) -> run_log.RunRecord:
         c.judgment,
         c.comparison,
     )
-    started, report, fp32 = c.started, c.report, c.fp32
+    started, report, fp32 = c.started, judged_report(c.report, judgment), c.fp32
     cache = CacheReport.of(c.runs, started.started_at, ALWAYS_RUN)
     config = effective(cfg)
     config_sha = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
@@ -146,12 +148,17 @@ def run_record(c: Candidate) -> run_log.RunRecord:
             "flyscale.data_fingerprint": fingerprint.value,
             "flyscale.data_fingerprint_method": fingerprint.method,
             "flyscale.test_data": judgment.test_data or "no champion to compare with",
+            **({"flyscale.reference_note": judgment.reference_note} if judgment.remeasured else {}),
             "flyscale.resumed_from": resumed(history) or "a fresh start",
+            **({"flyscale.int8": f"int8 {comparison.verdict}"} if comparison.verdict else {}),
             **{f"flyscale.cache.{task}": status for task, status in cache.status().items()},
         },
         judged_against=judgment.champion,
+        int8_not_registered="" if comparison.pays else f"int8 {comparison.verdict}",
         weights_sha256=fp32.weights_sha256,
         data_sha256=fingerprint.value,
+        kind=ModelKind.of(info, cfg.objective.name).to_json(),
+        validated_against=c.report.reference,
         reference_json=reference_json(info, c.profile),
         validation_dir=c.report_dir,
         config=config,
@@ -170,6 +177,8 @@ def run_record(c: Candidate) -> run_log.RunRecord:
             **{f"test_{k}": v for k, v in comparison.scalars().items()},
             **({"onnx_max_abs_diff": c.onnx_max_abs_diff} if c.onnx_path else {}),
             **c.served_metrics,
+            # The champion's metrics on this run's test split, beside this run's test_*.
+            **{f"champion_test_{k}": v for k, v in judgment.champion.scored.items()},
         },
         plots_dir=c.plots_dir,
         tables={
@@ -186,6 +195,14 @@ def run_record(c: Candidate) -> run_log.RunRecord:
         onnx_path=c.onnx_path,
         onnx_parity=c.onnx_parity,
     )
+
+
+def judged_report(report: ValidationReport, judgment: Judgment) -> ValidationReport:
+    """The validation report as the run states it: with drift against the champion the gate
+    judged against, where validation had measured it against another reference."""
+    if not judgment.remeasured:
+        return report
+    return dataclasses.replace(report, reference=judgment.reference, drift=dict(judgment.drift))
 
 
 def logged_datasets(cfg: PipelineConfig, info: DatasetInfo, digest: str) -> list[run_log.LoggedDataset]:

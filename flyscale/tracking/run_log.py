@@ -47,6 +47,10 @@ class RunRecord:
     judged_against: ChampionRef = field(default_factory=lambda: ChampionRef("", ""))
     weights_sha256: str = ""
     data_sha256: str = ""  # the content fingerprint of the data trained on
+    kind: str = ""  # what the model takes and is for (flyscale/tracking/kind.py), as JSON
+    # The reference validation held the data to, when `validation` states drift against another
+    # (the champion judged against); None: `validation.reference`.
+    validated_against: str | None = None
     reference_json: str = ""  # this data's pinned schema and profile: the reference for later batches
     validation_dir: str = ""  # the validation report (HTML and its plot), logged as it is
     config: dict[str, Any] = field(default_factory=dict)  # the effective config, whole: logged as config.yaml
@@ -62,6 +66,9 @@ class RunRecord:
     datasets: list[LoggedDataset] = field(default_factory=list)  # what the run trained and was tested on
     onnx_path: str = ""  # the fp32 model as ONNX, logged as onnx/model.onnx
     onnx_parity: str = ""  # how it answered the test split against the PyTorch model
+    # Why the int8 model is not registered as the twin (it does not pay: not smaller and faster);
+    # "" when it is.
+    int8_not_registered: str = ""
 
 
 @dataclass
@@ -271,7 +278,7 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     torch, flyscale and the model's plugin."""
     from mlflow.models import infer_signature
 
-    from flyscale.data.fields import model_input_shape
+    from flyscale.data.fields import PIXEL_DIVISOR, model_input_shape
     from flyscale.export import onnx as onnx_export
     from flyscale.export import served
     from flyscale.tracking import model_code as mlflow_model
@@ -290,16 +297,25 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     example, params = serving.example(objective, context)
     exported = files.onnx_path or files.program_path
     how = onnx_export.serving(objective, context) if exported else None
+    metadata = None
+    inputs = None
     if how is not None:
         field = context.info.input()
         tokens = field is not None and not field.dtype.startswith("float") and field.dtype != "uint8"
         how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
+        if field is not None and field.dtype == "uint8":  # pixels: the served model scales them as training did
+            how["input"]["pixels"] = {"divisor": PIXEL_DIVISOR}
         serving_file = Path(tmp) / f"{name}_serving.json"
         serving_file.write_text(json.dumps(how, sort_keys=True))
         artifacts.update({"onnx" if files.onnx_path else "program": exported, "serving": str(serving_file)})
-        answer = served.Served(exported, how, files.tokenizer_json).predict(example, params)
+        model = served.Served(exported, how, files.tokenizer_json)
+        answer = model.predict(example, params)
         code = served.__file__
-        requirements = _onnx_requirements(bool(files.tokenizer_json), program=not files.onnx_path)
+        requirements = _onnx_requirements(bool(files.tokenizer_json), program=not files.onnx_path, images=model.images)
+        # MLflow's signature cannot say "uint8 pixels, floats in [0, 1] or PNG files"; the MLmodel
+        # file's metadata says, in words, what the model takes, refuses and returns.
+        metadata = {"flyscale_serving": model.describe()}
+        inputs = _served_inputs(how["output"])
     else:
         if files.onnx_path:
             log.warning(
@@ -310,18 +326,46 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
             )
         answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
         code, requirements = mlflow_model.__file__, _pip_requirements(bool(files.tokenizer_json))
+    signature = infer_signature(example, answer, params)
+    if inputs is not None:
+        signature.inputs = inputs
     return {
         "python_model": code,
         "artifacts": artifacts,
-        "signature": infer_signature(example, answer, params),
+        "signature": signature,
         "input_example": (example, params) if params else example,
         "pip_requirements": requirements,
+        "metadata": metadata,
     }
 
 
-def _onnx_requirements(tokenizer: bool = False, program: bool = False) -> list[str]:
+def _served_inputs(output: str):
+    """The signature's inputs for the ONNX-served model: whatever was sent reaches the model,
+    which checks it itself (flyscale/export/served.py) and refuses in one line.
+
+    A tensor model's is `Tensor('object', (-1,))`, which MLflow (3.17) passes unchanged: a float32
+    tensor would turn integer pixels into floats before the model could tell them apart, and
+    MLflow's shape check answers with the whole input echoed. It is named (the ONNX file's input,
+    Triton's and MLServer's too), because MLflow's JSON parsing takes an empty list for a list of
+    records unless the one input has a name, and then refuses it as "an input of type list".
+    A language model's is one column of any type: a string column would have MLflow turn a
+    number into its text before the model could refuse it."""
+    from mlflow.types import ColSpec, Schema, TensorSpec
+    from mlflow.types.schema import AnyType
+
+    from flyscale.export.served import INPUT
+
+    if output == "text":
+        return Schema([ColSpec(AnyType())])
+    return Schema([TensorSpec(np.dtype(object), (-1,), INPUT)])
+
+
+def _onnx_requirements(tokenizer: bool = False, program: bool = False, images: bool = False) -> list[str]:
     """What the served model imports (flyscale/export/served.py), pinned to what it was checked
-    with: onnxruntime for an ONNX file, torch for a torch.export program."""
+    with: onnxruntime for an ONNX file, torch for a torch.export program; Pillow for an image
+    model, to decode a PNG or JPEG sent to it exactly as training decoded its files."""
     runtime = f"torch=={torch.__version__.split('+')[0]}" if program else f"onnxruntime=={_version('onnxruntime')}"
     named = [f"mlflow=={_version('mlflow')}", runtime, f"numpy=={_version('numpy')}"]
+    if images:
+        named.append(f"pillow=={_version('pillow')}")
     return [*named, f"tokenizers=={_version('tokenizers')}"] if tokenizer else named

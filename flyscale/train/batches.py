@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,7 @@ class TrainData:
                 persistent_workers=cfg.persistent_workers and cfg.num_workers > 0,
                 prefetch_factor=cfg.prefetch_factor if cfg.num_workers > 0 else None,
                 multiprocessing_context=worker_context(cfg.num_workers),
+                worker_init_fn=ignore_interrupts,
             )
         dataset = TensorDataset(self.x_train, self.y_train)
         if shard:
@@ -192,7 +194,15 @@ def make_loader(
         persistent_workers=cfg.persistent_workers and workers > 0,
         prefetch_factor=cfg.prefetch_factor if workers > 0 else None,
         multiprocessing_context=worker_context(workers),
+        worker_init_fn=ignore_interrupts,
     )
+
+
+def ignore_interrupts(_worker_id: int) -> None:
+    """In a DataLoader worker: ignore the terminal's Ctrl-C, which reaches every process of the
+    run. The rank it serves stops at a step its peers agree on (flyscale/train/interrupt.py) and
+    needs its batches until then."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def worker_context(workers: int) -> str | None:

@@ -73,6 +73,11 @@ log = logging.getLogger(__name__)
 
 STATE = "state"  # the DCP directory of model and optimizer state
 
+# recovery.checkpoint_every_minutes left unset: a checkpoint every tenth of the run, so that a run
+# of a few minutes has some, but not more often than every 30 s (a run of seconds writes none: a
+# Ctrl-C still writes its one) nor less often than every 5 minutes (the interval of long runs).
+AUTO_FRACTION, AUTO_LEAST_S, AUTO_MOST_S = 0.1, 30.0, 300.0
+
 # DCP warns on every save and load without a process group that it assumes one process (even
 # when told so, and from the thread an asynchronous save writes in): for a run of one worker
 # that is the normal case, not news. Only that message, only from DCP.
@@ -105,18 +110,19 @@ class Checkpointer:
         root: Path,
         *,
         every_steps: int = 0,
-        every_minutes: float = 0.0,
+        every_minutes: float | None = 0.0,
         keep: int = 2,
         resume: bool = True,
         resume_from: str = "",
         mirror: Mirror | None = None,
-        check_every: int = 16,
         global_batch: int = 0,
         grad_accum_steps: int = 1,
         asynchronous: bool = False,
     ):
-        self.root, self.every_steps, self.every_seconds = Path(root), every_steps, every_minutes * 60
-        self.keep, self.resume, self.mirror, self.check_every = keep, resume, mirror, check_every
+        """`every_minutes` None: an interval that scales with the run (`interval_s`); 0: none by time."""
+        self.root, self.every_steps = Path(root), every_steps
+        self.every_seconds = None if every_minutes is None else every_minutes * 60
+        self.keep, self.resume, self.mirror = keep, resume, mirror
         self.resume_from = resume_from
         # Recorded in the manifest: what a run resumed on another number of workers must keep.
         self.global_batch, self.grad_accum_steps = global_batch, grad_accum_steps
@@ -126,23 +132,43 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self._group: Any = None  # the process group of background writes, made at the first
         self._last_save = time.monotonic()
+        self._save_seconds = 0.0  # what the latest checkpoint held training up
         self.saved: list[int] = []  # steps this process checkpointed
         self.seconds_saving = 0.0  # wall time training waited on checkpoints, on this rank
 
     # -- saving -------------------------------------------------------------------------------
 
-    def due(self, step: int, ctx: DistContext) -> bool:
-        """Whether to checkpoint after optimizer step `step`; the same answer on every rank.
+    @property
+    def on(self) -> bool:
+        """Whether this run checkpoints at all (by steps, by time, or on the automatic interval):
+        a run with none configured also writes none when it is interrupted."""
+        return bool(self.every_steps) or self.every_seconds != 0
 
-        By steps, every rank knows. By time, ranks' clocks differ, so every `check_every`
-        steps they agree with one small all-reduce (any rank past the interval means all save).
-        """
-        if self.every_steps and step % self.every_steps == 0:
-            return True
-        if not self.every_seconds or step % self.check_every:
-            return False
-        late = time.monotonic() - self._last_save >= self.every_seconds
-        return ctx.all_reduce_sum([float(late)])[0] > 0
+    def begin(self) -> None:
+        """Training starts now: the interval by time counts from here, not from the setup before
+        (data read, a checkpoint restored), which would otherwise make the first step's checkpoint due."""
+        self._last_save = time.monotonic()
+
+    def due(self, step: int, late: bool = False) -> bool:
+        """Whether to checkpoint after optimizer step `step`: every `every_steps` steps, and when
+        some rank's clock says the interval has passed (`late`: `overdue` as the ranks voted on it,
+        the same answer on every rank; flyscale/train/interrupt.py)."""
+        return bool(self.every_steps and step % self.every_steps == 0) or late
+
+    def overdue(self, run_seconds: float) -> bool:
+        """Whether this rank's clock says a checkpoint is due by time. `run_seconds`: how long the
+        whole training is expected to take, which the automatic interval scales with."""
+        interval = self.interval_s(run_seconds)
+        return interval > 0 and time.monotonic() - self._last_save >= interval
+
+    def interval_s(self, run_seconds: float) -> float:
+        """Seconds between checkpoints by time: recovery.checkpoint_every_minutes as set (0: none),
+        or, left unset, a tenth of the expected run, between AUTO_LEAST_S and AUTO_MOST_S, and never
+        under ten times what the latest checkpoint held training up (a tenth of the time at most)."""
+        if self.every_seconds is not None:
+            return self.every_seconds
+        scaled = min(max(run_seconds * AUTO_FRACTION, AUTO_LEAST_S), AUTO_MOST_S)
+        return max(scaled, 10 * self._save_seconds)
 
     def save(self, state: TrainState, position: Position, ctx: DistContext, strategy: str) -> Path:
         """Write checkpoint `position.step` from every rank; returns its directory.
@@ -197,8 +223,9 @@ class Checkpointer:
         if not self.asynchronous:
             self.wait()
         self._last_save = time.monotonic()
+        self._save_seconds = time.perf_counter() - start
         self.saved.append(position.step)
-        self.seconds_saving += time.perf_counter() - start
+        self.seconds_saving += self._save_seconds
         return final
 
     def wait(self) -> Path | None:

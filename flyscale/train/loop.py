@@ -18,6 +18,7 @@ from flyscale.train.batches import Batches
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import DistContext, set_epoch
 from flyscale.train.evaluator import EvalFn
+from flyscale.train.interrupt import Interrupted, StepVote, StopSignals
 from flyscale.train.progress import TrainProgress, train_progress
 from flyscale.train.state import Position, TrainState
 from flyscale.train.step import StepFn
@@ -57,6 +58,9 @@ class Hooks:
     # The worker count was chosen as the faster by timing (FLYSCALE_NPROC_PER_NODE=auto): the
     # diagnosis does not advise fewer workers against that measurement.
     workers_timed: bool = False
+    # SIGINT/SIGTERM as this rank received them (the training task installs the handlers): the
+    # ranks agree at a step boundary to stop there, checkpoint once, and raise `Interrupted`.
+    signals: StopSignals | None = None
 
 
 NO_HOOKS = Hooks()
@@ -215,12 +219,28 @@ def fit(
         state.load_start(hooks.start)
     steps_per_epoch = len(loader)
     done = [position.step]  # optimizer steps taken so far, over every attempt
+    # Where the ranks agree whether a checkpoint is due by time and whether a signal stops them.
+    vote = StepVote(position.step)
+    signals = hooks.signals
+    voting = signals is not None or (ckpt is not None and ckpt.every_seconds != 0)  # else nothing to agree on
+    if ckpt is not None:
+        ckpt.begin()
 
     def after_step(
         batch: int, losses: Callable[[], list[float]], hits: list, rows: int, wait: float, seconds: float
     ) -> None:
         done[0] += 1
-        if ckpt is not None and state is not None and ckpt.due(done[0], ctx):
+        late = stop = False
+        if voting and vote.due(done[0]):
+            expected = vote.step_seconds * steps_per_epoch * cfg.epochs  # the whole run, for the automatic interval
+            late, stop = vote.cast(
+                done[0],
+                ctx,
+                late=ckpt is not None and ckpt.overdue(expected),
+                stop=signals is not None and bool(signals.received),
+            )
+        written = ""
+        if ckpt is not None and state is not None and (ckpt.due(done[0], late) or (stop and ckpt.on)):
             at = Position(
                 step=done[0],
                 epoch=epoch,
@@ -232,7 +252,19 @@ def fit(
                 seconds=seconds,
                 history=[vars(m).copy() for m in history.epochs],
             )
-            ckpt.save(state, at, ctx, strategy)
+            written = str(ckpt.save(state, at, ctx, strategy))
+        if stop:
+            if ckpt is not None:
+                ckpt.wait()  # committed (manifest, rename) before any rank leaves
+            why = signals.name() if signals is not None and signals.received else "a signal to another rank"
+            if ctx.is_main:
+                log.warning(
+                    "%s: every rank stopped after step %d%s",
+                    why,
+                    done[0],
+                    f"; checkpoint {written}" if written else "; no checkpoint (checkpoints are off)",
+                )
+            raise Interrupted(done[0], why, written, ctx.is_main)
 
     stopped_by = ""  # why training ended before its last epoch, when something else than early stopping said so
     with train_progress(cfg.epochs, steps_per_epoch, main=ctx.is_main, world_size=ctx.world_size) as bar:
@@ -241,17 +273,17 @@ def fit(
             set_epoch(loader, epoch)
             model.train()
             resume_here = position if epoch == position.epoch else None
-            # Without a checkpointer no per-step hook runs (one call a step on the hot path).
+            # Without a checkpointer or signals to heed no per-step hook runs (one call a step on the hot path).
             loss_sum, correct, count, wait, seconds, first_bad = _train_epoch(
                 step,
                 loader,
                 ctx,
                 bar,
                 resume_here,
-                after_step if ckpt is not None else None,
+                after_step if ckpt is not None or signals is not None else None,
                 ckpt.restore_rng if ckpt is not None else None,
             )
-            if ckpt is None:
+            if ckpt is None and signals is None:
                 done[0] += steps_per_epoch - (resume_here.batch if resume_here is not None else 0)
             v_loss, v_correct, v_count = evaluate()
             comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
