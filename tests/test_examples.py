@@ -201,6 +201,34 @@ def test_images_kept_encoded_are_decoded_by_the_reader():
     assert np.array_equal(x, images[rows].astype("float32") / 255)
 
 
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG that declares `width` x `height` RGB pixels and holds none (its data is empty)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+def test_a_decompression_bomb_and_a_huge_declared_size_are_quarantined_without_decoding():
+    """A PNG declaring 60,000 x 60,000 pixels (over Pillow's cap: DecompressionBombError, which is
+    no ValueError), and one declaring 9,000 x 8,000 (under it): both quarantined with their reason,
+    the second by its header alone (its pixel data is empty, so decoding it would say so instead)."""
+    images, labels = generate(20, ShapesOptions(size=16))
+    png = [fields.encode_png(x) for x in images]
+    png[3], png[5] = _png_header(60_000, 60_000), _png_header(9_000, 8_000)
+    found = _quarantine(_prepare([[_batch(png, labels.tolist(), "a.parquet")]]))
+    assert sorted(found) == [("a.parquet", 3), ("a.parquet", 5)]
+    assert found[("a.parquet", 3)].startswith("image: decodable (got an image of too many pixels to decode"), found
+    assert found[("a.parquet", 5)] == (
+        "image: shape [3, 16, 16] (got [3, 8000, 9000]: 8000x9000 pixels, not the 16x16 that the dataset's height "
+        "and width options declare)"
+    )
+
+
 def test_documents_that_are_not_utf8_or_are_empty_are_quarantined():
     text = FieldSpec("text", "string", [])
     info = DatasetInfo("docs", 0, [], [], label_column="", fields=[text], input_field="text")

@@ -126,14 +126,11 @@ def _images(column: pa.Array, field: FieldSpec, missing: np.ndarray, checked: Ch
         if data is None:
             continue
         try:
-            image = fields.decode_image(data, field)
+            out[i] = fields.decode_image(data, field)
+        except fields.WrongSize as exc:  # told by the header, before decoding
+            sizes[i] = exc.shape
         except ValueError as exc:
             errors[i] = str(exc)
-            continue
-        if list(image.shape) == list(field.shape):
-            out[i] = image
-        else:
-            sizes[i] = list(image.shape)
     checked.fail(np.isin(np.arange(n), list(errors)), lambda i: f"{field.name}: decodable (got {errors[i]})")
     checked.fail(
         np.isin(np.arange(n), list(sizes)),

@@ -108,19 +108,35 @@ def decode_images(column: pa.Array, field: FieldSpec) -> np.ndarray:
     return out
 
 
+class WrongSize(ValueError):
+    """An image whose header declares another size than the field's: refused before a pixel is
+    decoded (a decompression bomb declares billions of them). `shape`: (C, H, W) as it would decode."""
+
+    def __init__(self, shape: list[int], want: list[int]):
+        self.shape = shape
+        super().__init__(f"an image of {shape[1]}x{shape[2]} pixels, not the {want[1]}x{want[2]} declared")
+
+
 def decode_image(data: bytes, field: FieldSpec) -> np.ndarray:
-    """PNG or JPEG bytes as uint8 (C, H, W), C from the field; ValueError when they do not decode.
-    The caller checks the size against the field's shape."""
+    """PNG or JPEG bytes as uint8 (C, H, W), C from the field; ValueError when they do not decode,
+    WrongSize (before decoding) when the header declares another height and width."""
     from PIL import Image, UnidentifiedImageError
 
     kind = "an image"  # until PIL has read the header: then what it found, PNG or JPEG
     try:
-        with Image.open(io.BytesIO(data)) as image:
+        with Image.open(io.BytesIO(data)) as image:  # over Pillow's pixel cap: DecompressionBombError
             kind = f"a {image.format}" if image.format else kind
+            width, height = image.size
+            if [height, width] != list(field.shape[1:]):
+                raise WrongSize([field.shape[0], height, width], list(field.shape))
             image.load()
             pixels = np.asarray(image.convert("L" if field.shape[0] == 1 else "RGB"), dtype="uint8")
+    except WrongSize:
+        raise
     except UnidentifiedImageError:
         raise ValueError("bytes that are not an image PIL can read (PNG, JPEG, ...)") from None
+    except Image.DecompressionBombError as exc:  # an Exception, not a ValueError: a bomb must not end the run
+        raise ValueError(f"{kind} of too many pixels to decode (a decompression bomb?): {exc}") from None
     except (OSError, SyntaxError, ValueError) as exc:
         raise ValueError(f"{kind} that does not decode: {exc}") from None
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
