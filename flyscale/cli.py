@@ -94,7 +94,7 @@ def cmd_move(args: argparse.Namespace) -> int:
     version = args.to if action == "rollback" else args.version
     who = args.who or os.environ.get("USER") or getpass.getuser()
     uri = mlflow_store.tracking_uri()
-    print(f"tracking store: {uri}", file=sys.stderr)
+    print(f"tracking store: {mlflow_store.shown(uri)}", file=sys.stderr)
     missing = mlflow_store.missing_local_store(uri)
     if missing:  # opening it would create an empty store, in which nothing is registered
         print(f"flyscale {args.command}: {missing}", file=sys.stderr)
@@ -276,7 +276,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `flyscale` console script."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except Exception as exc:  # MLflow's errors: one line, as the tracking store's, never its password
+        from mlflow.exceptions import MlflowException
+
+        if not isinstance(exc, MlflowException):
+            raise
+        from flyscale.tracking.store import shown, tracking_uri
+
+        uri = tracking_uri()
+        said = str(exc).replace(uri, shown(uri)).splitlines()[0]
+        print(f"flyscale {args.command}: the tracking store at {shown(uri)} failed: {said}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -105,6 +105,36 @@ def test_a_command_on_the_registry_where_there_is_no_store_says_so_and_creates_n
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_store_that_fails_is_one_line_that_never_shows_its_password():
+    """MLflow's own error names the URL it called, credentials and all: the CLI says it in one
+    line, as the tracking store's failure, with the password as ***."""
+    from tests.conftest import free_port
+
+    uri = f"http://alice:s3cret@127.0.0.1:{free_port()}"  # nothing listens there
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "flyscale"), "rollback", "--model", "m", "--to", "2", "--reason", "x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    shown = uri.replace("s3cret", "***")
+    assert proc.returncode == 1 and "s3cret" not in proc.stdout + proc.stderr, proc.stderr
+    store, failed = proc.stderr.splitlines()  # two lines: no traceback
+    assert store == f"tracking store: {shown}"
+    assert failed.startswith(f"flyscale rollback: the tracking store at {shown} failed: API request to {shown}/")
+
+
+def test_a_password_in_a_uri_is_never_shown():
+    from flyscale.tracking.store import shown
+
+    assert shown("postgresql://mlflow:pa:ss@db:5432/mlflow") == "postgresql://mlflow:***@db:5432/mlflow"
+    assert shown("https://user:secret@mlflow.example.com") == "https://user:***@mlflow.example.com"
+    assert shown("http://127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert shown("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
+
+
 def test_help_points_to_the_training_command():
     proc = _flyscale("--help")
     text = " ".join(proc.stdout.split())  # argparse wraps at the terminal's width

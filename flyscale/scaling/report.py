@@ -184,4 +184,4 @@ def log_study(
             client.set_terminated(parent, "FAILED")
             raise
         client.set_terminated(parent, "FINISHED")
-    return StudySummary(result, uri, experiment, parent)
+    return StudySummary(result, mlflow_store.shown(uri), experiment, parent)  # printed: no password

@@ -26,6 +26,7 @@ from flyscale.tracking.store import (
     REFERENCE_TAG,
     REFERENCE_URI_TAG,
     client_settings,
+    shown,
     tracking_uri,
     use_experiment,
 )
@@ -199,7 +200,7 @@ def _publish(
         log.warning("%r alias not moved: %s", cfg.alias, promotion.reason)
     versions = dict(registered)
     return Registration(
-        tracking_uri=uri,
+        tracking_uri=shown(uri),  # recorded and printed: without a password in it
         experiment_id=run.info.experiment_id,
         run_id=run.info.run_id,
         model_name=names[0],

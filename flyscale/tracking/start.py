@@ -15,7 +15,7 @@ from flyscale.config import ModelConfig
 from flyscale.model import file_sha256
 from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
 from flyscale.tracking.model_spec import artifact_files
-from flyscale.tracking.store import quiet_artifacts
+from flyscale.tracking.store import quiet_artifacts, shown
 from flyscale.train.checkpoint_files import tensor_difference
 
 
@@ -56,7 +56,7 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
             local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into), tracking_uri=tracking_uri))
     except MlflowException as exc:
         raise StartError(
-            f"model.init_from {init_from!r} could not be fetched from MLflow at {tracking_uri}: {exc.message}"
+            f"model.init_from {init_from!r} could not be fetched from MLflow at {shown(tracking_uri)}: {exc.message}"
         ) from None
     files = artifact_files(local)
     if "weights" not in files or "spec" not in files:

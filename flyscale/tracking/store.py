@@ -48,6 +48,23 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_STORE}"
 
 
+def shown(uri: str) -> str:
+    """`uri` as it may be printed and recorded: a password in it (`https://user:secret@host`,
+    `postgresql://user:secret@db/mlflow`) as `***`. The real one is only ever read from the
+    environment, where it is used."""
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        secret = parts.password
+    except ValueError:  # not a URL this parser can read (a bad port): nothing of it is shown
+        return "<a tracking URI that is not a valid URL>"
+    if secret is None:
+        return uri
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{host}"))
+
+
 def missing_local_store(uri: str) -> str:
     """Why `uri` names no store yet, for a command that only reads or moves what is there: a
     SQLite file that does not exist (MLflow would create it, empty). "" when there is one, or
