@@ -171,8 +171,8 @@ def quantize_model(
         cfg = fallback
     context = objective_context(info, tokens, tokenizer)
 
-    def measured(cfg: QuantizeConfig, fp32: EvalMetrics) -> tuple[torch.nn.Module, EvalMetrics, Comparison, str]:
-        """The int8 model `cfg` makes, evaluated and timed beside fp32: (int8, its metrics, the comparison, its file)."""
+    def measured(cfg: QuantizeConfig, fp32: EvalMetrics) -> tuple[EvalMetrics, Comparison, str]:
+        """The int8 model `cfg` makes, evaluated and timed beside fp32: (its metrics, the comparison, its file)."""
         fp32_model: torch.nn.Module
         qmodel: torch.nn.Module
         if works_on_onnx(cfg):  # the exported file, quantized and measured as it will be served
@@ -202,11 +202,11 @@ def quantize_model(
             metrics=goal.metrics,
             **latency_inputs(goal, info),
         )
-        return qmodel, metrics, comparison.judge(), out
+        return metrics, comparison.judge(), out
 
     if works_on_onnx(cfg):  # sizes of the files served
         fp32 = dataclasses.replace(fp32, size_bytes=onnx.OnnxModule(exported).size_bytes())
-    qmodel, metrics, comparison, out = measured(cfg, fp32)
+    metrics, comparison, out = measured(cfg, fp32)
     twin_always = cfg.twin == "always"
     if (
         not comparison.pays
@@ -219,13 +219,14 @@ def quantize_model(
         # on a convolutional model, static QDQ, calibrated on training rows, is what can pay.
         static = QuantizeConfig(name=STATIC, twin=cfg.twin)
         log.info("int8 %s; trying %s (QDQ) for the convolutions", comparison.verdict, STATIC)
-        first, second = comparison, measured(static, fp32)
-        if second[2].pays:
-            qmodel, metrics, comparison, out = second
-            comparison.verdict += f"; {cfg.name} was tried first and {first.verdict}"
-            cfg = static
+        static_metrics, static_comparison, static_out = measured(static, fp32)
+        if static_comparison.pays:
+            static_comparison.verdict += f"; {cfg.name} was tried first and {comparison.verdict}"
+            metrics, comparison, out, cfg = static_metrics, static_comparison, static_out, static
         else:
-            comparison.verdict += f"; {STATIC} (QDQ, for the convolutions) was tried too and {second[2].verdict}"
+            comparison.verdict += (
+                f"; {STATIC} (QDQ, for the convolutions) was tried too and {static_comparison.verdict}"
+            )
     if not comparison.pays and twin_always:  # registered all the same, as config says
         comparison.pays, comparison.verdict = True, f"registered as quantize.twin: always says; it {comparison.verdict}"
     fmt = "onnx" if works_on_onnx(cfg) else "torch"
