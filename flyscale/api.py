@@ -20,6 +20,7 @@ from flyscale.evaluate.metrics import PLOTTED, ClassificationEvaluator, EvalMetr
 from flyscale.plugin.contracts import (
     SOURCE_FILE,
     SOURCE_KEY,
+    SOURCE_PROBLEM,
     SOURCE_ROW,
     AugmentationPlugin,
     DatasetInfo,
@@ -47,6 +48,7 @@ __all__ = [
     "default_row_schema",
     "SOURCE_FILE",
     "SOURCE_KEY",
+    "SOURCE_PROBLEM",
     "SOURCE_ROW",
     "DatasetPlugin",
     "ModelPlugin",

@@ -3,23 +3,29 @@ prefix (plugins/sources.py): a folder per class (`image_folder`), WebDataset tar
 (`webdataset`), and Parquet files as Hugging Face `datasets` exports them (`image_parquet`).
 
 Each hands flyscale every image's bytes exactly as stored, never decoded: flyscale decodes and
-checks them itself, and quarantines an image that does not decode or is not the declared size,
-with its origin (`_source_file`, `_source_row`, `_source_key`). What has no image or no label (a
-WebDataset sample without its `.png` or its `.cls`, a `.cls` that is not an integer, a Parquet
-row whose image or label is null) arrives with that field null, which flyscale quarantines as
-missing: it never stops a run, and is never dropped unseen.
+checks them itself (the size from the header first), and quarantines an image that does not
+decode or is not the declared size, with its origin (`_source_file`, `_source_row`,
+`_source_key`). What has no image or no label (a WebDataset sample without its `.png` or its
+`.cls`, a `.cls` that is not an integer, a Parquet row whose image or label is null) arrives with
+that field null, which flyscale quarantines as missing: it never stops a run, and is never
+dropped unseen.
+
+What cannot be read safely is not read, and comes with its reason (`_source_problem`): a file,
+tar member or Parquet cell larger than `max_image_bytes`, a tar member that is a link, a device
+or a directory where an image or class should be, or whose name points outside the archive
+(`../x.png`, `/etc/x.png`). Nothing is ever extracted to disk, and a link is never followed.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
 import logging
 import math
-import tarfile
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,15 +33,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from flyscale.api import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo, FieldSpec
+from flyscale.api import SOURCE_FILE, SOURCE_KEY, SOURCE_PROBLEM, SOURCE_ROW, DatasetInfo, FieldSpec
 from flyscale_plugins import sources
+from flyscale_plugins.tar_samples import IMAGE_TYPES, class_of, sample_problem, samples, too_large
 
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 512  # images handed over at a time
 READERS = 16  # files read at once: an S3 GET waits on latency, not bandwidth
-TAR_BUFFER = 8 << 20  # bytes of a tar fetched at a time
-IMAGE_TYPES = ("png", "jpg", "jpeg")  # a WebDataset sample's image, by its extension
+MAX_IMAGE_BYTES = 32 << 20  # a larger image file is quarantined unread (a 4096x4096 RGB PNG is ~50 MB raw)
+BATCH_BYTES = 256 << 20  # image bytes handed over at a time, at most (and batch_rows of them)
 
 
 @dataclass
@@ -45,6 +52,7 @@ class ImageOptions:
     height: int = 32  # the declared size: an image of another size is quarantined
     width: int = 32
     batch_rows: int = BATCH_ROWS
+    max_image_bytes: int = MAX_IMAGE_BYTES  # a larger file, tar member or cell is quarantined, never read
 
     def __post_init__(self):
         if not str(self.path).strip():
@@ -53,7 +61,7 @@ class ImageOptions:
             raise ValueError(f"path {self.path!r} names no bucket; expected s3://bucket/prefix")
         if self.channels not in (1, 3):
             raise ValueError(f"channels must be 1 (grey) or 3 (RGB), got {self.channels}")
-        for name in ("height", "width", "batch_rows"):
+        for name in ("height", "width", "batch_rows", "max_image_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -111,8 +119,10 @@ def _info(name: str, options: ImageOptions, num_classes: int, inferred: bool = F
     )
 
 
-def _batch(images: Sequence, labels: Sequence, files: list[str], rows: Sequence, keys: Sequence) -> pa.RecordBatch:
-    """Examples as flyscale takes them: image bytes, label, and where each came from."""
+def _batch(
+    images: Sequence, labels: Sequence, files: list[str], rows: Sequence, keys: Sequence, problems: Sequence = ()
+) -> pa.RecordBatch:
+    """Examples as flyscale takes them: image bytes, label, where each came from, and what could not be read."""
     return pa.record_batch(
         {
             "image": pa.array(images, pa.binary()),
@@ -120,6 +130,7 @@ def _batch(images: Sequence, labels: Sequence, files: list[str], rows: Sequence,
             SOURCE_FILE: pa.array(files, pa.string()),
             SOURCE_ROW: pa.array(rows, pa.int64()),
             SOURCE_KEY: pa.array(keys, pa.string()),
+            SOURCE_PROBLEM: pa.array(list(problems) or [None] * len(files), pa.string()),
         }
     )
 
@@ -134,13 +145,28 @@ def _source(uri: str) -> sources.Source:
     return sources.Source(uri, uri[len("s3://") :] if sources.is_s3(uri) else uri, "")
 
 
-def _read(fs: pafs.FileSystem, source: sources.Source) -> bytes:
-    """The whole file, as `sources.read_bytes` reads it, on a filesystem shared by many reads."""
+def _read(fs: pafs.FileSystem, source: sources.Source, cap: int) -> bytes | str:
+    """The whole file, as `sources.read_bytes` reads it, on a filesystem shared by many reads; or,
+    for a file larger than `cap`, why it was not read (no more than `cap` + 1 bytes are read)."""
     try:
         with fs.open_input_stream(source.path) as f:
-            return f.read()
+            data = f.read(cap + 1)
+            if len(data) > cap:
+                return too_large("a file", None, cap)  # not read on to count it: it may never end
+            return data
     except OSError as exc:
         raise sources.readable(exc, source.uri, "reading") from exc
+
+
+def _in_order(pool: ThreadPoolExecutor, read: Callable, items: Iterable) -> Iterator:
+    """`read(item)` for each item in order, at most 2 x READERS read ahead: held bytes stay bounded."""
+    ahead: collections.deque[Future] = collections.deque()
+    for item in items:
+        ahead.append(pool.submit(read, item))
+        if len(ahead) >= 2 * READERS:
+            yield ahead.popleft().result()
+    while ahead:
+        yield ahead.popleft().result()
 
 
 def _fingerprint(name: str, path: str, fmt: str, *settings: object) -> str:
@@ -220,49 +246,23 @@ class ImageFolder:
         if not group:
             raise ValueError(f"image_folder has no shard {shard!r}: {options.path!r} changed since it was sharded")
         fs = sources.filesystem(options.path)  # one for all: making an S3 one takes ~15 ms
+        read = lambda s: _read(fs, s, options.max_image_bytes)  # noqa: E731
         with ThreadPoolExecutor(READERS) as pool:
-            for start in range(0, len(group), options.batch_rows):
-                part = group[start : start + options.batch_rows]
-                images = list(pool.map(lambda s: _read(fs, s), [s for s, _, _ in part]))
-                labels = [label for _, label, _ in part]
-                yield _batch(images, labels, [s.uri for s, _, _ in part], [0] * len(part), [k for _, _, k in part])
-
-
-def _members(source: sources.Source) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """A tar's samples in order, streamed: (key, {extension: bytes}), a sample's members being
-    consecutive as WebDataset writes them (`dir/000123.seg.png`: key `dir/000123`, extension `seg.png`)."""
-    key, members = None, {}
-    try:
-        # Buffered: unbuffered, every 10 kB tarfile asks for is a GET of its own on S3 (2,000 for 20 MB).
-        with sources.filesystem(source.uri).open_input_stream(source.path, buffer_size=TAR_BUFFER) as stream:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                for member in tar:
-                    folder, _, name = member.name.rpartition("/")
-                    if not member.isfile() or name.startswith("."):  # also macOS's "._000123.png" shadows
-                        continue
-                    stem, _, extension = name.partition(".")
-                    if key is not None and key != f"{folder}/{stem}".lstrip("/"):
-                        yield key, members
-                        members = {}
-                    key = f"{folder}/{stem}".lstrip("/")
-                    members[extension.lower()] = tar.extractfile(member).read()  # type: ignore[union-attr]
-    except OSError as exc:
-        raise sources.readable(exc, source.uri, "reading") from exc
-    except tarfile.TarError as exc:
-        raise ValueError(
-            f"{source.uri} is not a readable tar file ({exc}): rewrite it, or remove it from path"
-        ) from exc
-    if key is not None:
-        yield key, members
-
-
-def _class(data: bytes | None) -> int | None:
-    """A `.cls` member's class; None when it is absent or not an int64, for flyscale to quarantine."""
-    try:
-        value = int(data.decode("ascii").strip()) if data is not None else None
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return value if value is not None and -(2**63) <= value < 2**63 else None
+            part: list[tuple[bytes | str, tuple[sources.Source, int, str]]] = []
+            held = 0  # image bytes in `part`
+            for n, item in enumerate(zip(_in_order(pool, read, [s for s, _, _ in group]), group, strict=True), 1):
+                part.append(item)
+                held += len(item[0]) if isinstance(item[0], bytes) else 0
+                if len(part) == options.batch_rows or held >= BATCH_BYTES or n == len(group):
+                    yield _batch(
+                        [d if isinstance(d, bytes) else None for d, _ in part],
+                        [label for _, (_, label, _) in part],
+                        [s.uri for _, (s, _, _) in part],
+                        [0] * len(part),
+                        [k for _, (_, _, k) in part],
+                        [d if isinstance(d, str) else None for d, _ in part],
+                    )
+                    part, held = [], 0
 
 
 class WebDataset:
@@ -287,12 +287,13 @@ class WebDataset:
 
     def examples(self, options: TarOptions, shard: str) -> Iterator[pa.RecordBatch]:
         """The tar's samples in order, streamed, `batch_rows` at a time."""
-        samples = ((row, key, members) for row, (key, members) in enumerate(_members(_source(shard))))
-        while part := list(itertools.islice(samples, options.batch_rows)):
-            images = [next((members[t] for t in IMAGE_TYPES if t in members), None) for _, _, members in part]
-            labels = [_class(members.get("cls")) for _, _, members in part]
-            rows, keys = [row for row, _, _ in part], [key for _, key, _ in part]
-            yield _batch(images, labels, [shard] * len(part), rows, keys)
+        read = enumerate(samples(_source(shard), options.max_image_bytes))
+        while part := list(itertools.islice(read, options.batch_rows)):
+            images = [next((members[t] for t in IMAGE_TYPES if t in members), None) for _, (_, members, _) in part]
+            labels = [class_of(members.get("cls")) for _, (_, members, _) in part]
+            problems = [sample_problem(members, problems) for _, (_, members, problems) in part]
+            rows, keys = [row for row, _ in part], [key for _, (key, _, _) in part]
+            yield _batch(images, labels, [shard] * len(part), rows, keys, problems)
 
 
 def _is_bytes(kind: pa.DataType) -> bool:
@@ -374,8 +375,15 @@ class ImageParquet:
                 if kind.get_field_index("path") >= 0:  # the file HF read the image from: what a user can look up
                     keys = pc.coalesce(pc.struct_field(image, "path"), keys)
                 image = pc.struct_field(image, "bytes")
-            labels = batch.column(options.label_column).cast(pa.int64())
-            yield _batch(image.cast(pa.binary()), labels, [shard] * batch.num_rows, rows, keys)
+            labels, image = batch.column(options.label_column).cast(pa.int64()), image.cast(pa.binary())
+            sizes = pc.binary_length(image).to_pylist()
+            cap = options.max_image_bytes
+            problems = [too_large("an image", n, cap) if n is not None and n > cap else None for n in sizes]
+            if any(problems):  # handed on without its bytes, which the quarantine would otherwise keep
+                image = pc.if_else(
+                    pa.array([p is not None for p in problems]), pa.nulls(len(image), pa.binary()), image
+                )
+            yield _batch(image, labels, [shard] * batch.num_rows, rows, keys, problems)
             first += batch.num_rows
 
 

@@ -12,10 +12,12 @@ apply. Every other failure names the file and says what to do.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow
 import pyarrow.dataset as ds
@@ -62,6 +64,7 @@ class Source:
     uri: str  # as the user names it: /abs/path/part-0.parquet or s3://bucket/key
     path: str  # as the filesystem names it: the local path, or bucket/key
     version: str  # what changes whenever its bytes can have changed (see `listing`)
+    size: int = -1  # bytes, as listed (-1: not listed, e.g. a shard named by its URI)
 
 
 def is_s3(uri: str) -> bool:
@@ -147,6 +150,7 @@ def listing(uri: str, fmt: str, content_hash: bool = False, versions: bool = Tru
     if not files:
         raise ValueError(f"data.options.path {uri!r} holds no {' or '.join(EXTENSIONS[fmt])} files")
     paths = [i.path for i in files]
+    sizes = {i.path: i.size for i in files}
     if not versions:
         found = dict.fromkeys(paths, "")
     elif content_hash:
@@ -156,7 +160,7 @@ def listing(uri: str, fmt: str, content_hash: bool = False, versions: bool = Tru
     else:
         found = {p: _local_version(p) for p in paths}
     prefix = "s3://" if is_s3(uri) else ""
-    return [Source(prefix + p, p, found[p]) for p in paths]
+    return [Source(prefix + p, p, found[p], sizes[p]) for p in paths]
 
 
 def _local_version(path: str) -> str:
@@ -231,6 +235,16 @@ def batches(source: Source, fmt: str, columns: list[str], rows: int) -> Iterator
         scanner = _dataset(source, filesystem(source.uri), fmt).scanner(columns=columns, batch_size=rows)
         yield from scanner.to_batches()
     except (OSError, pyarrow.ArrowException) as exc:
+        raise readable(exc, source.uri, "reading") from exc
+
+
+@contextlib.contextmanager
+def open_file(source: Source) -> Iterator[BinaryIO]:
+    """The file, to read a piece at a time from anywhere in it; a failure names it."""
+    try:
+        with filesystem(source.uri).open_input_file(source.path) as f:
+            yield f
+    except OSError as exc:
         raise readable(exc, source.uri, "reading") from exc
 
 

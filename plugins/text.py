@@ -5,10 +5,14 @@ splits by document and then tokenizes and packs (the `tokenize` config section).
   one document per help topic. Nothing is downloaded.
 - `text`: your own documents: text files (a whole file, or its paragraphs or lines, each a
   document), JSONL with a text field, or Parquet with a text column; a file, a directory or an
-  `s3://` prefix, one shard per file.
+  `s3://` prefix, one shard per file, and a file larger than `shard_bytes` cut into byte ranges
+  of that size, each a shard of its own (plugins/text_files.py).
 
 Text comes as the file's bytes wherever it can, so flyscale, not this plugin, decides what does
-not decode as UTF-8 (and quarantines it with its file and position).
+not decode as UTF-8 (and quarantines it with its file and position). Files are read a line at a
+time: a document (a line, a paragraph, a JSONL record, a whole file) larger than
+`max_document_bytes` is never held in memory, and comes with its reason instead, as does a JSONL
+line that is not JSON or holds no text.
 """
 
 from __future__ import annotations
@@ -19,15 +23,19 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import pyarrow as pa
 
-from flyscale.api import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo, FieldSpec
-from flyscale_plugins import sources
+from flyscale.api import SOURCE_FILE, SOURCE_KEY, SOURCE_PROBLEM, SOURCE_ROW, DatasetInfo, FieldSpec
+from flyscale_plugins import sources, text_files
 
 FORMATS = {"txt": "text", "jsonl": "jsonl", "parquet": "parquet"}  # format -> sources.EXTENSIONS key
 DOCUMENTS = ("file", "paragraph", "line")  # what one document of a text file is
-BLANK_LINES = re.compile(rb"\r?\n(?:[ \t]*\r?\n)+")  # the end of a line, then one or more blank lines
+MAX_DOCUMENT_BYTES = 16 << 20  # a longer document (a 50 MB JSONL line) is quarantined unread
+SHARD_BYTES = 256 << 20  # a larger text or JSONL file is read by several shards
+BATCH_BYTES = 64 << 20  # documents handed over at a time, at most (and batch_rows of them)
+RANGE = re.compile(r"^(?P<uri>.+)#bytes=(?P<start>\d+)-(?P<end>\d+)$")  # a shard that is part of a file
 
 
 def _info(name: str) -> DatasetInfo:
@@ -42,7 +50,7 @@ def _info(name: str) -> DatasetInfo:
     )
 
 
-def _batch(texts: pa.Array, origin: str, first: int, keys: list[str]) -> pa.RecordBatch:
+def _batch(texts: pa.Array, origin: str, first: int, keys: list[str], problems: list | None = None) -> pa.RecordBatch:
     """Documents `first`, `first + 1`, ... of the file `origin`, with their origin columns."""
     return pa.record_batch(
         {
@@ -50,6 +58,7 @@ def _batch(texts: pa.Array, origin: str, first: int, keys: list[str]) -> pa.Reco
             SOURCE_FILE: pa.array([origin] * len(texts), pa.string()),
             SOURCE_ROW: pa.array(range(first, first + len(texts)), pa.int64()),
             SOURCE_KEY: pa.array(keys, pa.string()),
+            SOURCE_PROBLEM: pa.array(problems or [None] * len(texts), pa.string()),
         }
     )
 
@@ -84,10 +93,15 @@ class TextOptions:
     field: str = "text"  # the JSONL key, or the Parquet column, holding the document
     document: str = "file"  # txt: "file" (each file one document), "paragraph" (blank-line separated) or "line"
     batch_rows: int = 1024
+    max_document_bytes: int = MAX_DOCUMENT_BYTES  # a longer document is quarantined, never read into memory
+    shard_bytes: int = SHARD_BYTES  # a larger .txt or .jsonl file is cut into ranges of this size, one shard each
 
     def __post_init__(self):
         if not self.path:
             raise ValueError("path must name a file, a directory or an s3:// prefix of documents")
+        for name in ("max_document_bytes", "shard_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.format not in ("auto", *FORMATS):
             raise ValueError(f"format must be 'auto', 'txt', 'jsonl' or 'parquet', got {self.format!r}")
         if self.document not in DOCUMENTS:
@@ -136,23 +150,44 @@ class Text:
         return "text " + hashlib.sha256(json.dumps([listing, options.field, options.document]).encode()).hexdigest()
 
     def shards(self, options: TextOptions) -> list[str]:
-        """The files, in sorted order."""
-        return [s.uri for s in self._files(options)]
+        """The files, in sorted order; a text or JSONL file larger than `shard_bytes` as its byte
+        ranges (`FILE#bytes=START-END`), unless each document is a whole file."""
+        out = []
+        for s in self._files(options):
+            kind = _kind(s.uri, options.format)
+            whole = kind == "parquet" or (kind == "txt" and options.document == "file")
+            if whole or s.size <= options.shard_bytes:
+                out.append(s.uri)
+            else:
+                step = options.shard_bytes
+                out += [f"{s.uri}#bytes={a}-{min(a + step, s.size)}" for a in range(0, s.size, step)]
+        return out
 
     def examples(self, options: TextOptions, shard: str) -> Iterator[pa.RecordBatch]:
-        """One file's documents, `batch_rows` at a time."""
+        """One shard's documents, `batch_rows` (and at most BATCH_BYTES) at a time."""
+        ranged = RANGE.match(shard)
+        uri = ranged["uri"] if ranged else shard
+        start, end = (int(ranged["start"]), int(ranged["end"])) if ranged else (0, None)
         # Built from the shard's name, not found by listing again: one listing per shard of a
         # large S3 prefix would make the map task quadratic.
-        source = sources.Source(shard, shard.removeprefix("s3://") if sources.is_s3(shard) else shard, "")
+        source = sources.Source(uri, uri.removeprefix("s3://") if sources.is_s3(uri) else uri, "")
         kind = _kind(source.uri, options.format)
         if kind == "parquet":
             yield from _parquet(source, options)
             return
-        data = sources.read_bytes(source)
-        docs, keys = _jsonl(data, options.field) if kind == "jsonl" else _txt(data, options.document)
-        step = options.batch_rows
-        for i in range(0, len(docs), step):
-            yield _batch(pa.array(docs[i : i + step], pa.binary()), source.uri, i, keys[i : i + step])
+        docs, keys, problems, held, first = [], [], [], 0, 0
+        with sources.open_file(source) as f:
+            for doc, key, problem in _documents(f, kind, options, start, end):
+                docs.append(doc)
+                keys.append(key)
+                problems.append(problem)
+                held += len(doc or b"")
+                if len(docs) == options.batch_rows or held >= BATCH_BYTES:
+                    yield _batch(pa.array(docs, pa.binary()), shard, first, keys, problems)
+                    first += len(docs)
+                    docs, keys, problems, held = [], [], [], 0
+        if docs:
+            yield _batch(pa.array(docs, pa.binary()), shard, first, keys, problems)
 
 
 def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.RecordBatch]:
@@ -175,54 +210,49 @@ def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.Record
         first += n
 
 
-def _txt(data: bytes, document: str) -> tuple[list[bytes], list[str]]:
-    """A text file's documents, as bytes (flyscale checks they decode), and the line each starts on.
-    Blank lines and paragraphs separate documents; they are none themselves."""
-    if document == "file":
-        return [data], ["whole file"]
-    if document == "line":
-        lines = data.split(b"\n")
-        kept = [i for i, line in enumerate(lines) if line.strip()]
-        return [lines[i].removesuffix(b"\r") for i in kept], [f"line {i + 1}" for i in kept]
-    docs, keys, start, line = [], [], 0, 1
-    for gap in [*BLANK_LINES.finditer(data), None]:
-        end = len(data) if gap is None else gap.start()
-        # A lone line ending at either end of the file (no blank line) is no part of a paragraph.
-        body = data[start:end]
-        part = body.strip(b"\r\n")
-        if part.strip():
-            first = line + body.count(b"\n", 0, len(body) - len(body.lstrip(b"\r\n")))
-            docs.append(part)
-            keys.append(f"line {first}")
-        if gap is not None:
-            line += data.count(b"\n", start, gap.end())
-            start = gap.end()
-    return docs, keys
+def _documents(
+    f: BinaryIO, kind: str, options: TextOptions, start: int, end: int | None
+) -> Iterator[tuple[bytes | None, str, str | None]]:
+    """(document as bytes or None, where it starts, why it is None) for each document of the range."""
+    cap, field = options.max_document_bytes, options.field
+    if kind == "txt" and options.document == "file":
+        data = f.read(cap + 1)
+        if len(data) > cap:
+            yield None, "whole file", _too_long("a file", f.seek(0, 2), cap)
+        else:  # a blank one too, which flyscale quarantines as empty
+            yield data.removeprefix(text_files.BOM), "whole file", None
+        return
+    pieces = text_files.paragraphs if kind == "txt" and options.document == "paragraph" else text_files.lines
+    for p in pieces(f, start, end, cap):
+        where = f"line {p.line}" if end is None else f"byte {p.offset}"  # a range's lines are not counted
+        if p.data is None:
+            yield None, where, _too_long("a line" if pieces is text_files.lines else "a paragraph", p.size, cap)
+        elif kind == "jsonl" and p.data.strip():
+            yield _jsonl_document(p.data, field, where)
+        elif kind == "txt" and options.document == "line" and p.data.strip():
+            yield p.data.removesuffix(b"\r"), where, None
+        elif kind == "txt" and options.document == "paragraph" and p.data.strip():
+            yield p.data, where, None
 
 
-def _jsonl(data: bytes, key: str) -> tuple[list[bytes | None], list[str]]:
-    """A JSONL file's documents and their lines; a line that is not JSON, or has no string `key`,
-    comes as None (which flyscale quarantines as missing, with its line). Blank lines are skipped."""
-    docs: list[bytes | None] = []
-    keys = []
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        if line.strip():
-            docs.append(_field(line, key))
-            keys.append(f"line {number}")
-    return docs, keys
+def _too_long(what: str, size: int, cap: int) -> str:
+    return f"text: size (got {what} of {size} bytes, over data.options.max_document_bytes {cap}: not read)"
 
 
-def _field(line: bytes, key: str) -> bytes | None:
+def _jsonl_document(line: bytes, key: str, where: str) -> tuple[bytes | None, str, str | None]:
+    """A JSONL line's document, or None and why: the line is not JSON, or holds no string `key`."""
     try:
         value = json.loads(line)
-    except ValueError:  # not JSON, or not in a Unicode encoding
-        return None
+    except UnicodeDecodeError as exc:  # as flyscale says of a document that is not UTF-8
+        return None, where, f"text: utf8 (got byte {exc.start} is not UTF-8)"
+    except ValueError as exc:
+        return None, where, f"text: json (got a line that is not JSON: {str(exc).split(':')[0]})"
     value = value.get(key) if isinstance(value, dict) else None
     if not isinstance(value, str):
-        return None
+        return None, where, f"text: missing (got no string under {key!r}, data.options.field)"
     # As UTF-8 bytes, which flyscale checks: a lone surrogate (a legal JSON escape, "\ud800") then
     # fails that check with its line, where pyarrow would refuse the whole batch as a string.
-    return value.encode("utf-8", errors="surrogatepass")
+    return value.encode("utf-8", errors="surrogatepass"), where, None
 
 
 python_docs = PythonDocs()

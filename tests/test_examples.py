@@ -295,3 +295,13 @@ def test_images_drift_per_channel_and_in_saturation_against_the_reference():
     strict = DataConfig(dataset="shapes", max_drift_psi=0.25)
     with pytest.raises(DataError, match=r"max_drift_psi=0.25 for 4 of 5 columns \(image\[saturated\] "):
         prepared(brighter, strict, Reference(source="v1", profile=before.profile))
+
+
+def test_a_shard_that_keeps_nothing_does_not_stop_the_others():
+    """Every example of the first shard quarantined (a file of one huge line, cut into ranges, gives
+    such shards): the combine still looks the next shard's examples up, and keeps them."""
+    images, labels = generate(10, ShapesOptions(size=16))
+    good = [fields.encode_png(x) for x in images]
+    prepared = _prepare([[_batch([b"not an image"] * 3, [0, 1, 0], "bad")], [_batch(good, labels.tolist(), "good")]])
+    assert sorted(_quarantine(prepared)) == [("bad", 0), ("bad", 1), ("bad", 2)]
+    assert prepared.report.valid_rows == 10

@@ -293,3 +293,24 @@ def test_s3_gives_the_same_examples_as_local_disk(tmp_path, s3):
         Bucket=bucket, Key="data/tars/shard-0001.tar", Body=(tmp_path / "tars/shard-0000.tar").read_bytes()
     )
     assert _fingerprint("webdataset", path=f"s3://{bucket}/data/tars", num_classes=3) != first
+
+
+def test_an_image_over_max_image_bytes_is_not_read_in_a_folder_or_a_parquet_file(tmp_path):
+    small, big = _image(1), _image(2) + b"\0" * 5000  # trailing bytes: PIL would still decode it
+    for name, data in (("a/small.png", small), ("a/big.png", big), ("b/small.png", _image(3))):
+        (tmp_path / "folder" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "folder" / name).write_bytes(data)
+    pq.write_table(pa.table({"image": [small, big], "label": [0, 1]}), tmp_path / "images.parquet")
+    cap = len(small) + 100
+    over = f"data.options.max_image_bytes {cap}"
+    expected = f"image: readable (got {{}} of {len(big)} bytes, over {over}: not read)"
+    _, rows = _examples("image_folder", path=str(tmp_path / "folder"), height=4, width=4, max_image_bytes=cap)
+    got = [(r["_source_key"], r["image"], r["_source_problem"]) for r in rows]
+    assert got == [
+        ("a/big.png", None, f"image: readable (got a file of more than {cap} bytes, over {over}: not read)"),
+        ("a/small.png", small, None),
+        ("b/small.png", _image(3), None),
+    ]
+    path = str(tmp_path / "images.parquet")
+    _, rows = _examples("image_parquet", path=path, num_classes=2, height=4, width=4, max_image_bytes=cap)
+    assert [(r["image"], r["_source_problem"]) for r in rows] == [(small, None), (None, expected.format("an image"))]

@@ -211,6 +211,59 @@ def test_a_lone_surrogate_in_jsonl_reaches_flyscale_as_bytes_that_do_not_decode(
     assert checked.reason_texts() == ["", "text: utf8 (got byte 4 is not UTF-8)"]
 
 
+def _messy_file(rng: np.random.Generator, lines: int) -> bytes:
+    """Lines of every kind a range boundary can fall in: text, CRLF ends, blank runs (spaces, tabs,
+    a lone CR), long lines, and no newline at the end."""
+    kinds = [b"", b"  ", b"\t\r", b"word", b"two words\r", b"x" * 300, "caf\u00e9 \u65e5".encode()]
+    picked = rng.integers(0, len(kinds), lines)
+    return b"\n".join(kinds[k] + str(i).encode() * int(k > 2) for i, k in enumerate(picked))
+
+
+@pytest.mark.parametrize("document", ["line", "paragraph"])
+def test_a_file_cut_into_byte_ranges_gives_each_document_once_whatever_the_cut(tmp_path, document):
+    (tmp_path / "a.txt").write_bytes(_messy_file(np.random.default_rng(1), 400))
+    whole = _examples(TEXT, TextOptions(path=str(tmp_path), document=document))
+    assert len(whole) > 50
+    for shard_bytes in (1, 7, 64, 333, 1000, 4096):
+        options = TextOptions(path=str(tmp_path), document=document, shard_bytes=shard_bytes)
+        shards = TEXT.shards(options)
+        assert len(shards) > 1 and all("#bytes=" in s for s in shards)
+        ranged = _examples(TEXT, options)
+        assert [r["text"] for r in ranged] == [r["text"] for r in whole], shard_bytes
+        # a document is named by the byte it starts at, and its shard by its range
+        assert {r["_source_file"] for r in ranged} <= set(shards)
+        assert all(r["_source_key"].startswith("byte ") for r in ranged)
+
+
+def test_jsonl_over_the_cap_bom_and_bad_lines_each_come_with_their_reason(tmp_path):
+    lines = [b'\xef\xbb\xbf{"text": "first, after a byte order mark"}', b'{"text": "' + b"y" * 5000 + b'"}']
+    lines += [b"not json", b'{"other": 1}', b'{"text": "caf\xe9 in latin-1"}', b'{"text": "last"}']
+    (tmp_path / "b.jsonl").write_bytes(b"\n".join(lines))
+    options = TextOptions(path=str(tmp_path), max_document_bytes=1000)
+    rows = _examples(TEXT, options)
+    got = {r["_source_key"]: (r["text"], r["_source_problem"]) for r in rows}
+    assert got == {
+        "line 1": (b"first, after a byte order mark", None),
+        "line 2": (None, "text: size (got a line of 5012 bytes, over data.options.max_document_bytes 1000: not read)"),
+        "line 3": (None, "text: json (got a line that is not JSON: Expecting value)"),
+        "line 4": (None, "text: missing (got no string under 'text', data.options.field)"),
+        "line 5": (None, "text: utf8 (got byte 13 is not UTF-8)"),
+        "line 6": (b"last", None),
+    }
+    # flyscale quarantines each with that reason alone, not also as a missing field
+    table = pa.Table.from_batches(list(TEXT.examples(options, TEXT.shards(options)[0])))
+    reasons = example_checks.check_batch(table, TEXT.info(options), "b.jsonl").reason_texts()
+    assert reasons == ["", got["line 2"][1], got["line 3"][1], got["line 4"][1], got["line 5"][1], ""]
+
+
+def test_a_whole_file_over_the_cap_is_not_read(tmp_path):
+    (tmp_path / "big.txt").write_bytes(b"z" * 3000)
+    (rows,) = [_examples(TEXT, TextOptions(path=str(tmp_path), max_document_bytes=2999))]
+    assert [(r["text"], r["_source_problem"]) for r in rows] == [
+        (None, "text: size (got a file of 3000 bytes, over data.options.max_document_bytes 2999: not read)")
+    ]
+
+
 def test_parquet_text_columns_and_a_wrong_column(tmp_path):
     pq.write_table(
         pa.table({"body": pa.array(["p0", "p1", "p2"], pa.large_string()), "n": [1, 2, 3]}), tmp_path / "d.parquet"

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from flyscale.data import fields
 from flyscale.errors import DataError
-from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+from flyscale.plugin.contracts import SOURCE_PROBLEM, DatasetInfo, FieldSpec
 
 
 class Checked:
@@ -62,6 +62,10 @@ def check_batch(table: pa.Table, info: DatasetInfo, where: str) -> Checked:
         labels, top = checked.values[info.label_column], info.num_classes - 1
         outside = (labels < 0) | (labels > top)
         checked.fail(outside, lambda i: f"{info.label_column}: in_range(0, {top}) (got {labels[i]})")
+    if SOURCE_PROBLEM in table.column_names:  # what the dataset could not read says it all: its fields are null
+        for i, problem in enumerate(table.column(SOURCE_PROBLEM).to_pylist()):
+            if problem:
+                checked.reasons[i] = [problem]
     return checked
 
 

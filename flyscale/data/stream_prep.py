@@ -76,6 +76,8 @@ class SeenRows:
         return found, where
 
     def add(self, hashes: np.ndarray, locations: np.ndarray) -> None:
+        if not len(hashes):  # a shard that kept nothing: an empty run would have no last key to look at
+            return
         order = np.argsort(hashes, kind="stable")
         self._runs.append((hashes[order], locations[order]))
         while len(self._runs) > 1 and len(self._runs[-1][0]) * 2 >= len(self._runs[-2][0]):

@@ -116,6 +116,10 @@ SOURCE_ROW = "_source_row"
 # Typed examples may also name each example within its file (a tar member's key, an image's
 # path): kept beside a quarantined example, so the user can find it.
 SOURCE_KEY = "_source_key"
+# ... and say why an example could not be read whole (a tar member over the size cap, a link, a
+# line longer than the cap), as a reason in flyscale's form, `field: check (got what was found)`:
+# the example is quarantined with that reason alone, its fields as they came (usually null).
+SOURCE_PROBLEM = "_source_problem"
 
 
 @dataclass
