@@ -283,9 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not isinstance(exc, MlflowException):
             raise
-        from flyscale.tracking.store import shown, tracking_uri
+        from flyscale.tracking.store import refusal, shown, tracking_uri
 
         uri = tracking_uri()
+        refused = refusal(exc)
+        if refused:  # 401/403: what to export or whom to ask, not the server's HTML or its URL
+            print(f"flyscale {args.command}: refused: {refused}", file=sys.stderr)
+            return 1
         said = str(exc).replace(uri, shown(uri)).splitlines()[0]
         print(f"flyscale {args.command}: the tracking store at {shown(uri)} failed: {said}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import CacheReport, TaskRun
 from flyscale.plugin.contracts import DatasetInfo, FieldSpec, GateVerdict
 from flyscale.render.summary import RunSummary
+from flyscale.tracking import store as tracking_store
 from flyscale.tracking.publish import Registration
 from flyscale.train.distributed import DistContext, configure_logging
 from flyscale.train.preflight import PreflightReport
@@ -40,7 +41,14 @@ def task_options(**environment: str) -> dict:
     return {"container_image": IMAGE, "task_resolver": pinned_image_resolver, "environment": env or None}
 
 
+def tracked(options: dict) -> dict:
+    """`options` of a task that talks to MLflow: it, and only it, is given the pipeline's MLflow
+    user as a Flyte secret (flyscale/tracking/store.py)."""
+    return {**options, "secret_requests": tracking_store.secret_requests()}
+
+
 TASK = task_options()
+TRACKED = tracked(TASK)  # a task that talks to MLflow
 
 SMALL = resources.SMALL  # every task but training (configs/cluster/resources.yaml)
 

@@ -32,7 +32,7 @@ from flyscale.render import validation_report
 from flyscale.render.data_summary import DataSummary
 from flyscale.tracking.live import save_rejected
 from flyscale.tracking.reference import read_reference as read_reference_of
-from tasks.common import DECKS, SMALL, TASK
+from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.records import ModelCheck, ValidatedData
 
 
@@ -114,7 +114,7 @@ def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
 
 
 # Never cached: it reads the champion as it is now (or a reference file), like the gate.
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def read_reference(cfg: DataConfig, store: MlflowConfig, content: DataFingerprint) -> Reference:
     """The reference the data is validated against: the champion's pinned schema and data profile."""
     return read_reference_of(store, cfg.reference, content.value)
@@ -143,7 +143,7 @@ def rejected_rows_kept(store: MlflowConfig) -> Iterator[None]:
 
 @task(
     cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
-    **TASK,
+    **TRACKED,  # rejected rows are kept in MLflow
     requests=SMALL,
     enable_deck=True,
     deck_fields=DECKS,
@@ -184,7 +184,7 @@ def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: Augment
 
 @task(
     cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
-    **TASK,
+    **TRACKED,  # rejected rows are kept in MLflow
     requests=SMALL,
     enable_deck=True,
     deck_fields=DECKS,

@@ -39,7 +39,7 @@ from flyscale.tracking.champion import read_baseline
 from flyscale.tracking.reference import remeasure
 from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
-from tasks.common import DECKS, SMALL, TASK
+from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.records import (
     EvaluatedModel,
     ExportedModel,
@@ -239,7 +239,7 @@ def quantize_model(
 # Never cached: a verdict is only as good as the champion it was judged against, so every run
 # reads the champion afresh (an unchanged champion gives the same judgment, and registration
 # after it stays a cache hit).
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def gate_model(
     fp32: EvaluatedModel,
     int8: QuantizedModel,

@@ -24,7 +24,7 @@ from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
-from tasks.common import DECKS, SMALL, TASK
+from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.data import rejected_rows_kept
 from tasks.records import ValidatedData
 
@@ -85,7 +85,7 @@ prepare_shards = map_task(prepare_shard, bound_inputs={"cfg", "info", "fingerpri
 
 @task(
     cache=code_cache("datasets", libraries=(*LIBRARIES_READ, "matplotlib")),
-    **TASK,
+    **TRACKED,  # rejected examples are kept in MLflow
     requests=SMALL,
     enable_deck=True,
     deck_fields=DECKS,

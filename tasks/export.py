@@ -10,7 +10,7 @@ from typing import Annotated, NamedTuple
 from flytekit import task
 from flytekit.types.file import FlyteFile
 
-from flyscale.config import ModelConfig, ObjectiveConfig
+from flyscale.config import ExportConfig, ModelConfig, ObjectiveConfig
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches
 from flyscale.export import onnx
@@ -40,10 +40,12 @@ def export_model(
     info: DatasetInfo,
     model_cfg: ModelConfig,
     objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    export: ExportConfig = ExportConfig(),  # noqa: B008
 ) -> Exported:
     """Export the trained model to ONNX (dynamic batch; dynamic sequence for token ids), and
-    fail unless ONNX Runtime answers the test split as the PyTorch model does. A model torch
-    cannot export is handed on without an export (an empty file, no sha256), with the reason."""
+    fail unless ONNX Runtime answers the test split as the PyTorch model does. A model ONNX
+    cannot take fails here, naming why; with export.fallback torch it is handed on without an
+    export (an empty file, no sha256), with the reason, and the PyTorch model is registered."""
     run = TaskRun.start("export_model")
     keyed(weights, weights_sha256, "the weights")
     model = load_state(build_model(model_cfg, info), weights.download())
@@ -54,17 +56,15 @@ def export_model(
     try:
         onnx.export(model, example, path)
     except onnx.ExportError as exc:
-        log.warning("%s", exc)
-        try:  # an operator ONNX lacks: a torch.export program still loads without flyscale (with torch)
-            path = onnx.export_program(model, example, path.with_suffix(".pt2"))
-        except onnx.ExportError as again:
-            # A model torch cannot export still trains, is judged and is registered: as the PyTorch
-            # model, which loads where flyscale and its plugin are installed. Said in the summary.
-            log.warning("%s", again)
-            path.write_bytes(b"")
-            return Exported(ExportedModel(FlyteFile(str(path)), "", f"not exported: {exc}", 0.0, ""), run.done())
+        if export.fallback != "torch":
+            raise
+        # Chosen in config: the PyTorch model is registered (weights_only state_dict, flyscale's code).
+        log.warning("%s; export.fallback torch: the PyTorch model is registered", exc)
+        path.write_bytes(b"")
+        return Exported(ExportedModel(FlyteFile(str(path)), "", f"not exported: {exc}", 0.0, ""), run.done())
     # An export that answers differently is a bug to fix, not a model to ship: that fails here.
     parity = onnx.check_parity(model, path, batches(test, info), goal)
-    kind = "onnx" if path.suffix == ".onnx" else "pt2"
-    exported = ExportedModel(FlyteFile(str(path)), file_sha256(str(path)), parity.sentence(), parity.max_abs_diff, kind)
+    exported = ExportedModel(
+        FlyteFile(str(path)), file_sha256(str(path)), parity.sentence(), parity.max_abs_diff, "onnx"
+    )
     return Exported(exported, run.done())

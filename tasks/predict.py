@@ -13,7 +13,7 @@ from flytekit.types.file import FlyteFile
 
 from flyscale.config import DataConfig
 from flyscale.serving import batch
-from tasks.common import SMALL, TASK
+from tasks.common import SMALL, TASK, TRACKED
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Predictions:
     model_uri: str
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def plan_predictions(data: DataConfig, model: str, version: str = "", alias: str = "champion") -> PredictionPlan:
     """The version to score with (`version`, or the one `alias` points at now) and the pieces to score."""
     from mlflow import MlflowClient
@@ -49,7 +49,7 @@ def plan_predictions(data: DataConfig, model: str, version: str = "", alias: str
     return PredictionPlan(f"models:/{model}/{resolved}", batch.parts(data))
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def score_part(part: str, data: DataConfig, model_uri: str) -> ScoredPart:
     """One piece of the dataset scored: Parquet with the input key, the version and the prediction."""
     out = Path(tempfile.mkdtemp(prefix="flyscale-predict-")) / "predictions.parquet"

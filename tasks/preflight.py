@@ -51,13 +51,13 @@ from flyscale.train.batches import train_data_from
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.strategies import any_worker_count, strategy, wants_meta_model
 from flyscale.train.strategies import check_model as check_against_strategy
-from tasks.common import SMALL, task_options
+from tasks.common import SMALL, task_options, tracked
 from tasks.records import ModelCheck, StartWeights
 
 
 # Never cached: it is cheap, and it reads what the dataset declares as it is now. The pod sees the
 # launcher as registered (the world size the model is checked at).
-@task(cache=False, **task_options(**launcher_environment()), requests=SMALL)
+@task(cache=False, **tracked(task_options(**launcher_environment())), requests=SMALL)
 def check_model(
     data_cfg: DataConfig,
     model_cfg: ModelConfig,

@@ -106,7 +106,7 @@ class ExportedModel:
     sha256: str
     parity: str  # the sentence the summary and MLflow show, or "not exported: <torch's reason>"
     max_abs_diff: float
-    # "onnx"; "pt2", a torch.export program, for a model ONNX cannot translate; "" for none
+    # "onnx"; "" for none (export.fallback torch: the PyTorch model is registered)
     format: str = "onnx"
 
     @property

@@ -22,7 +22,7 @@ from flyscale.tracking.live import close_failed_runs
 from flyscale.tracking.registration import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.store import tracking_uri
 from flyscale.train.preflight import PreflightReport
-from tasks.common import SMALL, TASK
+from tasks.common import SMALL, TASK, TRACKED
 from tasks.records import EvaluatedModel, ExportedModel, QuantizedModel, ServedModel, TrainedModel, ValidatedData
 
 
@@ -81,7 +81,6 @@ def _publisher(name: str, publish: bool, doc: str):
             int8=int8.metrics,
             comparison=int8.comparison,
             onnx_path=exported.onnx.download() if exported.format == "onnx" and exported.exported else "",
-            program_path=exported.onnx.download() if exported.format == "pt2" else "",
             onnx_sha256=exported.sha256,
             onnx_parity=exported.parity,
             onnx_max_abs_diff=exported.max_abs_diff,
@@ -99,7 +98,7 @@ def _publisher(name: str, publish: bool, doc: str):
 
     body.__name__ = body.__qualname__ = name  # the task's name: tasks.register.register_model
     body.__doc__ = doc
-    return task(cache=REGISTER_CACHE, **TASK, requests=SMALL)(body)
+    return task(cache=REGISTER_CACHE, **TRACKED, requests=SMALL)(body)
 
 
 register_model = _publisher(
@@ -119,7 +118,7 @@ def summarize(
     return summary
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def close_failed_run(cfg: PipelineConfig, err: FlyteError | None = None) -> None:
     """The workflow's failure handler: the MLflow run this execution left RUNNING ends FAILED,
     with the error beside it. (Flyte runs it with the workflow's inputs when any task fails.)"""

@@ -68,7 +68,7 @@ from flyscale.tracking.live import close_failed_runs
 from flyscale.tracking.store import tracking_uri
 from flyscale.train import objective as objectives
 from flyscale.train.distributed import torch_threads
-from tasks.common import DECKS, SMALL, TASK, task_options
+from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.data import by_content
 from tasks.train import IGNORED, train_job
 
@@ -199,7 +199,7 @@ def training_task(workers: int):
             facts={"launcher": lambda: f"elastic:nnodes=1:nproc_per_node={workers}"},
             ignored_inputs=IGNORED,
         ),
-        **{**task_options(), "task_resolver": point_tasks},
+        **{**TRACKED, "task_resolver": point_tasks},
         **resources.CLUSTER.training.task_kwargs(workers),  # per worker process, times the workers
         interruptible=True,
         retries=training_retries(),
@@ -293,7 +293,7 @@ def run_study(
         libraries=(*LIBRARIES, "mlflow", "matplotlib"),
         ignored_inputs=("started",),
     ),
-    **TASK,
+    **TRACKED,
     requests=SMALL,
     enable_deck=True,
     deck_fields=DECKS,
@@ -319,7 +319,7 @@ def summarize_study(summary: StudySummary, started: TaskRun) -> StudySummary:
     return summary
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def close_failed_study(cfg: StudyConfig, err: FlyteError | None = None) -> None:
     """The workflow's failure handler: the points' live MLflow runs this execution left RUNNING
     end FAILED, with the error beside them."""

@@ -28,7 +28,7 @@ from flyscale.search.report import SearchSummary, Study
 from flyscale.search.study import TrialResult, TrialSpec
 from flyscale.tracking.live import close_failed_runs
 from flyscale.train.preflight import PreflightReport
-from tasks.common import SMALL, TASK
+from tasks.common import SMALL, TASK, TRACKED
 from tasks.data import by_content
 from tasks.records import TrainedModel
 from tasks.train import train_model
@@ -44,7 +44,7 @@ def base_config(cfg: SearchStudyConfig) -> PipelineConfig:
     return cfg.base()
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def open_study(cfg: SearchStudyConfig, started: TaskRun) -> Study:
     """A fresh Optuna study for this execution (a rerun asks the same trials, which the cache
     then replays) and its MLflow parent run."""
@@ -52,7 +52,8 @@ def open_study(cfg: SearchStudyConfig, started: TaskRun) -> Study:
     storage = study.storage_url(cfg.search, Path.home() / ".flyscale" / "studies", local=local_execution())
     study.create(cfg, name, storage)
     opened = time.time()
-    return Study(name, storage, report.open_parent(cfg, name, started.started_at), opened)
+    parent = report.open_parent(cfg, name, started.started_at)
+    return Study(name, storage, parent, opened, storage_env=cfg.search.storage_env)
 
 
 @dynamic(cache=False, **TASK, requests=SMALL)
@@ -109,7 +110,7 @@ def run_trials(
     )
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def tell_trials(
     cfg: SearchStudyConfig,
     at: Study,
@@ -122,7 +123,7 @@ def tell_trials(
     """Tell the study how the round's trials ended, and end each trial's child run of this study's
     parent run (FINISHED, its state a tag, its config as params); a trial the cache replayed gets
     one that says so."""
-    opened = study.load(at.name, at.storage, cfg.search)
+    opened = study.load(at.name, at.storage, at.storage_env, cfg.search)
     told = []
     for spec, model, run in zip(specs, trained, runs):
         replayed = run.cached(started.started_at)
@@ -134,7 +135,7 @@ def tell_trials(
     return [*done, *told]
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def best_config(cfg: SearchStudyConfig, at: Study, results: list[TrialResult]) -> PipelineConfig:
     """The best trial's config, which the training pipeline then takes through the gates and
     registers (no trial is registered on its own); the study's table and state go to MLflow."""
@@ -144,13 +145,13 @@ def best_config(cfg: SearchStudyConfig, at: Study, results: list[TrialResult]) -
     return chosen
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def finish_search(cfg: SearchStudyConfig, at: Study, results: list[TrialResult], summary: RunSummary) -> SearchSummary:
     """The search's summary: every trial, the best, and what the pipeline made of it."""
     return report.finish(cfg, at, results, summary)
 
 
-@task(cache=False, **TASK, requests=SMALL)
+@task(cache=False, **TRACKED, requests=SMALL)
 def close_failed_search(cfg: SearchStudyConfig, err: FlyteError | None = None) -> None:
     """The workflow's failure handler: the runs this execution left RUNNING end FAILED."""
     from flyscale.flyte.provenance import execution_key

@@ -66,8 +66,8 @@ def load_test_model(
         weights.download(),
         spec_json(model_cfg, info, None, objective),
         tokenizer_json,
-        onnx_path=export if exported.format == "onnx" else "",
-        program_path=export if exported.format == "pt2" else "",
+        onnx_path=export,
+        limits=cfg.limits(),
     )
     run_log.save_model(files, str(tmp / "model"), str(tmp))
     target = study.local_target(tmp / "model", "candidate")

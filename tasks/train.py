@@ -42,7 +42,7 @@ from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport, global_batch, keep_global_batch
 from flyscale.train.run_dirs import prune, restart_directory, training_key
 from flyscale.train.strategies import any_worker_count, reshards, strategy, wants_meta_model
-from tasks.common import DECKS, task_options
+from tasks.common import DECKS, task_options, tracked
 from tasks.records import StartWeights, TrainedModel
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,7 @@ def train_job(
 @task(
     task_config=training_launcher(),
     cache=code_cache("models", "strategies", "objectives", facts={"launcher": launcher_facts}, ignored_inputs=IGNORED),
-    **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
+    **tracked(task_options(**launcher_environment())),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
     # Spot nodes are fine: a preempted attempt is retried and resumes from its last checkpoint.
     interruptible=True,

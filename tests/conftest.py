@@ -37,10 +37,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(cmd: list[str], ready_url: str, log: Path, timeout: float) -> Iterator[None]:
-    """Run a server process until the block ends; enter only once `ready_url` answers."""
+def serve(cmd: list[str], ready_url: str, log: Path, timeout: float, env: dict | None = None) -> Iterator[None]:
+    """Run a server process (in `env`, default this one's) until the block ends; enter only once
+    `ready_url` answers."""
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.time() + timeout
     while True:
         try:

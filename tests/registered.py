@@ -29,9 +29,11 @@ def register(
     model_cfg: ModelConfig | None = None,
     objective_cfg: ObjectiveConfig | None = None,
     tokenizer_json: str = "",
+    limits: dict | None = None,
 ) -> str:
     """`name` v1 (alias champion) in a SQLite store under `home`, its artifacts beside it; the URI.
-    A language model (`objective_cfg` language_modeling) needs its tokenizer's JSON."""
+    A language model (`objective_cfg` language_modeling) needs its tokenizer's JSON. `limits`:
+    what one request may ask (ServingConfig's fields), the defaults otherwise."""
     uri = f"sqlite:///{home / 'mlflow.db'}"
     model_cfg = model_cfg or ModelConfig()
     torch.manual_seed(0)
@@ -43,7 +45,7 @@ def register(
         example = torch.rand(4, *shape)
     path = onnx.export(model, example, home / "model.onnx")
     spec = spec_json(model_cfg, info, None, objective_cfg)
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer_json, str(path))
+    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer_json, str(path), limits=limits or {})
     cwd = Path.cwd()
     os.chdir(home)  # the experiment's artifacts land beside the store
     try:

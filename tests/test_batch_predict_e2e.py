@@ -110,3 +110,76 @@ def test_batch_predict_scores_sharded_png_images(tmp_path):
     want = np.exp(logits - logits.max(1, keepdims=True))
     first = (frame["_source_file"] == frame["_source_file"].iloc[0]).to_numpy()
     np.testing.assert_allclose(scores[first], want / want.sum(1, keepdims=True), atol=1e-5)
+
+
+# A python_model whose unpickling creates the file named by FLYSCALE_TEST_MARKER, logged as MLflow
+# pickles a python_model (cloudpickle): what batch prediction must refuse before it loads anything.
+PICKLED = """
+import builtins, os, sys
+import mlflow
+from mlflow.pyfunc import PythonModel
+
+class Planted(PythonModel):
+    def __reduce__(self):
+        return (builtins.open, (os.environ["FLYSCALE_TEST_MARKER"], "w"))
+
+    def predict(self, context, model_input, params=None):
+        return model_input
+
+mlflow.set_tracking_uri(sys.argv[1])
+with mlflow.start_run():
+    info = mlflow.pyfunc.log_model(name="model", python_model=Planted())
+print(mlflow.register_model(info.model_uri, "pickled").version)
+"""
+
+
+def test_batch_prediction_refuses_a_pickled_model_before_unpickling_it(store, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import mlflow
+
+    from flyscale.serving import batch
+
+    mlflow.set_tracking_uri(store)  # another test may have moved MLflow's global URI since
+    marker = tmp_path / "unpickled"
+    env = {**os.environ, "FLYSCALE_TEST_MARKER": str(marker)}
+    made = subprocess.run(
+        [sys.executable, "-c", PICKLED, store], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert made.returncode == 0, made.stderr[-3000:]
+    marker.unlink(missing_ok=True)  # MLflow loads what it logged, once, to check it
+    with pytest.raises(batch.BatchPredictError) as refused:
+        batch.load("models:/pickled/1", tmp_path / "model")
+    said = str(refused.value)
+    assert said.startswith("models:/pickled/1 is not a model flyscale registered (flavours ['python_function'], ")
+    assert "python_model python_model.pkl" in said and "never unpickles" in said
+    assert not marker.exists()
+    # What it refused is live: MLflow's own loader runs the planted pickle.
+    loads = "import mlflow, sys; mlflow.set_tracking_uri(sys.argv[1]); mlflow.pyfunc.load_model('models:/pickled/1')"
+    subprocess.run([sys.executable, "-c", loads, store], env=env, cwd=tmp_path, capture_output=True, timeout=120)
+    assert marker.exists()
+
+
+def test_batch_prediction_runs_the_versions_onnx_file_with_flyscales_code_a_request_at_a_time(store, tmp_path):
+    """The version's data files, run by this flyscale's served model, never its code file; more
+    rows than one request may send are scored a request at a time, in order."""
+    import mlflow
+    import onnxruntime as ort
+
+    from flyscale.serving import batch
+
+    mlflow.set_tracking_uri(store)  # another test may have moved MLflow's global URI since
+    model, info = batch.load(f"models:/{MODEL}/1", tmp_path / "model")
+    assert info.feature_columns == COLUMNS and model.limits["max_rows"] == 1024
+    model.limits["max_rows"] = 16
+    x = load_digits().data[:40].astype("float32")
+    x[20, 0] = np.nan
+    got = batch._answers(model, x)
+    (onnx_file,) = (tmp_path / "model").rglob("*.onnx")
+    logits = ort.InferenceSession(str(onnx_file)).run(None, {"input": x})[0]
+    want = np.exp(logits - logits.max(1, keepdims=True))
+    want /= want.sum(1, keepdims=True)
+    assert np.isnan(got[20]).all()
+    np.testing.assert_allclose(np.delete(got, 20, axis=0), np.delete(want, 20, axis=0), atol=1e-5)

@@ -98,6 +98,19 @@ def test_presets_exist():
         (lambda: ModelConfig(options={"hidden": [8, "x"]}), "model.options.hidden.1: expected an integer, got 'x'"),
         (lambda: from_dict({"gate": [{"name": "min_metric", "options": {"threshold": "high"}}]}), "threshold"),
         (lambda: from_dict({"mlflow": {"retries": 1.5}}), "mlflow.retries: expected an integer, got 1.5"),
+        (lambda: from_dict({"export": {"fallback": "pt2"}}), "export.fallback must be one of"),
+        (lambda: from_dict({"serving": {"time_budget_s": 0}}), "serving.time_budget_s must be > 0"),
+        (lambda: from_dict({"serving": {"max_rows": 16}}), "serving.max_batch_size 32 exceeds serving.max_rows 16"),
+        (
+            lambda: from_dict(
+                {
+                    "data": {"dataset": "python_docs"},
+                    "objective": {"name": "language_modeling", "options": {"max_new_tokens": 64}},
+                    "serving": {"max_new_tokens": 32},
+                }
+            ),
+            "objective.options.max_new_tokens 64 exceeds serving.max_new_tokens 32",
+        ),
     ],
 )
 def test_bad_config_names_the_field(build, message):

@@ -79,6 +79,23 @@ class Branchy(nn.Module):
         return self.fc(x) if x.sum() > 0 else -self.fc(x)
 
 
-def test_a_model_torch_cannot_export_is_named_with_the_reason(tmp_path):
-    with pytest.raises(onnx.ExportError, match=r"the Branchy could not be exported to ONNX by torch.onnx.export"):
+class Cummax(nn.Module):
+    """An operator ONNX has no function for, inside a submodule."""
+
+    def forward(self, x):
+        return torch.cummax(x, dim=1).values
+
+
+def test_a_model_onnx_cannot_take_fails_naming_the_operator_or_the_line_and_the_fallback(tmp_path):
+    with pytest.raises(onnx.ExportError) as untraced:
         onnx.export(Branchy(), torch.randn(4, 64), tmp_path / "model.onnx")
+    said = str(untraced.value)
+    assert said.startswith("the Branchy could not be exported to ONNX by torch.onnx.export(dynamo=True): ")
+    assert "Could not guard on data-dependent expression" in said and "(in Branchy.forward, test_export.py:" in said
+    assert "set export.fallback: torch to register the PyTorch model" in said and "\n" not in said
+
+    nested = nn.Sequential(nn.Linear(64, 8), nn.Sequential(nn.ReLU(), Cummax()))
+    with pytest.raises(
+        onnx.ExportError, match=r"ONNX has no function for the operator aten\.cummax \(in the Cummax at 1\.1\)"
+    ):
+        onnx.export(nested.eval(), torch.randn(4, 64), tmp_path / "model.onnx")

@@ -478,25 +478,74 @@ def test_mlflow_server_matches_the_locked_mlflow():
     assert tag in {f"v{locked}", f"v{locked}-full"}, f"{image} is not MLflow {locked}"
 
 
+def _minio_users() -> set[str]:
+    return {u["accessKey"] for u in yaml.safe_load(MINIO_VALUES.read_text())["users"]}
+
+
+def _committed_value_is_a_placeholder(key: str, value: str) -> bool:
+    """What a committed Secret may hold: a ${PLACEHOLDER}; a user name (a MinIO user's access key
+    is one); or a config file whose every password is a placeholder."""
+    if PLACEHOLDER.fullmatch(value) or key.endswith("username"):
+        return True
+    if key.endswith("ACCESS_KEY_ID"):
+        return value in _minio_users()
+    if "\n" not in value:
+        return False
+    for password in re.findall(r"://[^/@\s:]+:([^/@\s]*)@", value):
+        if not PLACEHOLDER.fullmatch(password):
+            return False
+    for name, setting in re.findall(r"^\s*([\w.-]+)\s*=\s*(.*)$", value, re.M):
+        if SECRET_KEY.search(name) and not PLACEHOLDER.fullmatch(setting.strip()):
+            return False
+    return True
+
+
+def _secrets() -> dict[tuple[str, str], dict[str, str]]:
+    """Every committed Secret: (namespace, name) -> its keys and values."""
+    return {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): {**d.get("stringData", {}), **d.get("data", {})}
+        for d in _all_docs()
+        if d.get("kind") == "Secret"
+    }
+
+
+def _pod_specs() -> list[tuple[str, dict, dict]]:
+    """(kind/name, the pod template's labels, its pod spec) of every workload in infra/."""
+    return [
+        (
+            f"{d['kind']}/{d['metadata']['name']}",
+            d["spec"]["template"]["metadata"].get("labels", {}),
+            d["spec"]["template"]["spec"],
+        )
+        for d in _all_docs()
+        if d.get("kind") in {"Deployment", "StatefulSet"}
+    ]
+
+
 def test_every_referenced_secret_key_is_defined_and_only_placeholders_are_committed():
-    defined: dict[tuple[str, str], set[str]] = {}
-    for doc in _all_docs():
-        if doc.get("kind") == "Secret":
-            meta = doc["metadata"]
-            data = doc.get("stringData", {}) | doc.get("data", {})
-            defined[(meta["namespace"], meta["name"])] = set(data)
-            for key, value in data.items():
-                assert key == "username" or re.fullmatch(r"\$\{[A-Z_]+\}", str(value)), (
-                    f"{meta['name']}.{key} holds a value, not a ${{PLACEHOLDER}}"
-                )
+    defined = {where: set(data) for where, data in _secrets().items()}
+    for (_, name), data in _secrets().items():
+        for key, value in data.items():
+            assert _committed_value_is_a_placeholder(key, str(value)), (
+                f"{name}.{key} holds a value, not a ${{PLACEHOLDER}}"
+            )
     refs = [("flyscale", "minio-creds", k) for k in ("rootUser", "rootPassword")]
+    refs += [
+        ("flyscale", u["existingSecret"], u["existingSecretKey"])
+        for u in yaml.safe_load(MINIO_VALUES.read_text())["users"]
+    ]
     for doc in _all_docs():
         if doc.get("kind") in {"Deployment", "StatefulSet"}:
-            for c in doc["spec"]["template"]["spec"]["containers"]:
+            pod = doc["spec"]["template"]["spec"]
+            for c in pod["containers"]:
                 for e in c.get("env", []):
                     ref = e.get("valueFrom", {}).get("secretKeyRef")
                     if ref:
                         refs.append((doc["metadata"]["namespace"], ref["name"], ref["key"]))
+            for v in pod.get("volumes", []):
+                if "secret" in v:
+                    for item in v["secret"].get("items", []):
+                        refs.append((doc["metadata"]["namespace"], v["secret"]["secretName"], item["key"]))
     for ns, name, key in refs:
         assert key in defined.get((ns, name), set()), f"secret {ns}/{name} has no key {key}"
     assert yaml.safe_load(MINIO_VALUES.read_text())["existingSecret"] == "minio-creds"
@@ -504,6 +553,106 @@ def test_every_referenced_secret_key_is_defined_and_only_placeholders_are_commit
         "default-env-from-secrets"
     ]
     assert all(("flyscale-development", s) in defined for s in task_secrets), task_secrets
+
+
+def test_the_flyte_secret_the_tasks_request_is_the_one_infra_creates():
+    """The tasks that talk to MLflow ask Flyte for group/keys that the task namespace's Secret has."""
+    from flyscale.tracking import store
+
+    requested = {(s.group, s.key) for s in store.secret_requests()}
+    made = _secrets().get(("flyscale-development", store.SECRET_GROUP), {})
+    assert requested == {(store.SECRET_GROUP, k) for k in made}, (requested, sorted(made))
+
+
+def test_no_credential_is_on_a_command_line():
+    """/proc/<pid>/cmdline is world-readable: a password goes in the environment or a file. A
+    `$(VAR)` of a secret-fed variable in args, or a URL with a password, fails."""
+    for where, _, pod in _pod_specs():
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            secret_fed = {e["name"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+            # a variable whose value splices a secret-fed one in is secret too
+            secret_fed |= {
+                e["name"] for e in c.get("env", []) if any(f"$({v})" in str(e.get("value", "")) for v in secret_fed)
+            }
+            line = " ".join(map(str, [*c.get("command", []), *c.get("args", [])]))
+            spliced = [v for v in secret_fed if f"$({v})" in line or f"${v}" in line or f"${{{v}}}" in line]
+            assert not spliced, f"{where}: {spliced} on the command line of {c['name']}"
+            assert not re.search(r"://[^/@\s:]+:[^/@\s]+@", line), f"{where}: a URL with a password in {line}"
+
+
+def test_mlflow_signs_users_in_and_uses_a_bucket_user_not_the_root():
+    (pod,) = [pod for where, _, pod in _pod_specs() if where == "Deployment/mlflow"]
+    (c,) = pod["containers"]
+    assert c["command"][:4] == ["mlflow", "server", "--app-name", "basic-auth"], c["command"]
+    env = {e["name"]: e for e in c["env"]}
+    assert "$(DB_PASSWORD)" in env["MLFLOW_BACKEND_STORE_URI"]["value"]  # from the env, not --backend-store-uri
+    config = env["MLFLOW_AUTH_CONFIG_PATH"]["value"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    (volume,) = [v for v in pod["volumes"] if config.startswith(mounts[v["name"]] + "/")]
+    ini = _secrets()[("flyscale", volume["secret"]["secretName"])][Path(config).name]
+    import configparser
+
+    auth = configparser.ConfigParser(interpolation=None)
+    auth.read_string(ini)
+    assert auth["mlflow"]["default_permission"] == "READ" and auth["mlflow"]["admin_username"]
+    assert auth["mlflow"]["database_uri"].startswith("postgresql"), "the auth database must outlive the pod"
+    assert "admin_password" not in auth["mlflow"]  # MLFLOW_AUTH_ADMIN_PASSWORD, from a Secret
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"]
+    assert env["MLFLOW_FLASK_SERVER_SECRET_KEY"]["valueFrom"]["secretKeyRef"]
+    s3 = env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]
+    assert s3["name"] != "minio-creds", "MLflow signs in to MinIO as the root user"
+    minio = yaml.safe_load(MINIO_VALUES.read_text())
+    (user,) = [u for u in minio["users"] if u["existingSecret"] == s3["name"]]
+    assert user["accessKey"] == _secrets()[("flyscale", s3["name"])]["username"]
+    (policy,) = [p for p in minio["policies"] if p["name"] == user["policy"]]
+    resources = {r for st in policy["statements"] for r in st["resources"]}
+    assert resources == {"arn:aws:s3:::mlflow", "arn:aws:s3:::mlflow/*"}, resources
+    # the root credentials are MinIO's own: no workload and no task pod reads them
+    for where, _, spec in _pod_specs():
+        for cont in spec["containers"]:
+            for e in cont.get("env", []):
+                assert e.get("valueFrom", {}).get("secretKeyRef", {}).get("name") != "minio-creds", where
+    task_creds = _secrets()[("flyscale-development", "flyscale-task-creds")]
+    assert task_creds["AWS_ACCESS_KEY_ID"] in _minio_users() and task_creds["FLYTE_AWS_ACCESS_KEY_ID"] in _minio_users()
+
+
+def _selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_mlflow_is_fenced_in_by_network_policies():
+    """Every pod that serves MLflow is selected by a policy that limits both directions: in, only
+    the task namespace and the serving hosts on MLflow's port; out, only PostgreSQL, MinIO and DNS."""
+    policies = [d for d in _all_docs() if d.get("kind") == "NetworkPolicy"]
+    mlflow_pods = [
+        (w, labels)
+        for w, labels, pod in _pod_specs()
+        if any("mlflow" in str(c.get("command")) for c in pod["containers"])
+    ]
+    assert mlflow_pods
+    for where, labels in mlflow_pods:
+        covering = [p for p in policies if _selects(p["spec"]["podSelector"], labels)]
+        assert covering, f"{where}: no NetworkPolicy selects it"
+        types = {t for p in covering for t in p["spec"]["policyTypes"]}
+        assert types == {"Ingress", "Egress"}, f"{where}: only {types} limited"
+        ports = {port["port"] for p in covering for rule in p["spec"]["ingress"] for port in rule["ports"]}
+        assert ports == {5000}, ports
+        sources = [peer for p in covering for rule in p["spec"]["ingress"] for peer in rule["from"]]
+        for peer in sources:  # a namespace named, never "any namespace" or "any pod"
+            assert peer.get("namespaceSelector", {}).get("matchLabels", {}).get("kubernetes.io/metadata.name"), peer
+        assert {"flyscale-development"} <= {
+            peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for peer in sources
+        }
+        egress = {port["port"] for p in covering for rule in p["spec"]["egress"] for port in rule["ports"]}
+        assert egress == {5432, 9000, 53}, egress
+        postgres = [labels for w, labels, _ in _pod_specs() if w == "StatefulSet/postgres"][0]
+        assert any(
+            _selects(peer.get("podSelector", {}), postgres)
+            for p in covering
+            for rule in p["spec"]["egress"]
+            for peer in rule["to"]
+            if any(port["port"] == 5432 for port in rule["ports"])
+        ), "the egress rule to 5432 does not select the postgres pods"
 
 
 # --- infra/: Kubernetes schemas, the operator's CRD, the charts' keys --------------------
@@ -686,6 +835,7 @@ def test_every_manifest_image_is_pinned():
 SECRET_KEY = re.compile(r"pass(word)?|secret|token|credential|private|api.?key|access.?key", re.I)
 SECRET_REFERENCES = {
     "existingSecret",
+    "existingSecretKey",
     "secretKeyRef",
     "default-env-from-secrets",
     "secretName",
@@ -721,7 +871,9 @@ def _secret_values(node, where: str = "") -> list[str]:
             if key in SECRET_REFERENCES:
                 continue
             if SECRET_KEY.search(str(key)) and isinstance(value, (str, int, float)) and value != "":
-                if not PLACEHOLDER.fullmatch(str(value)):
+                # an access key id that is a MinIO user's name is a login, as a username is
+                user_name = re.search(r"access.?key(.?id)?$", str(key), re.I) and value in _minio_users()
+                if not PLACEHOLDER.fullmatch(str(value)) and not user_name:
                     out.append(path)
             out += _secret_values(value, path)
     elif isinstance(node, list):
@@ -766,5 +918,11 @@ def test_the_secret_checks_catch_secrets():
         "token: wJalrXUtnFEMIK7MDENGbPxRfiCY",
     ]
     assert all(any(p.search(text) for p in SECRET_TEXT) for text in texts)
+    ini = "[mlflow]\ndatabase_uri = postgresql://postgres:${POSTGRES_PASSWORD}@db/auth\nadmin_username = admin\n"
+    assert _committed_value_is_a_placeholder("basic_auth.ini", ini)
+    assert not _committed_value_is_a_placeholder("basic_auth.ini", ini.replace("${POSTGRES_PASSWORD}", "hunter2"))
+    assert not _committed_value_is_a_placeholder("basic_auth.ini", ini + "admin_password = hunter2\n")
+    assert not _committed_value_is_a_placeholder("password", "hunter2")
+    assert not _committed_value_is_a_placeholder("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
     fine = ["python@sha256:" + "c4" * 32, "tag v1.9.4 (commit " + "4445c12a" * 5 + ")", "preferredDuringScheduling"]
     assert not any(p.search(text) for text in fine for p in SECRET_TEXT)

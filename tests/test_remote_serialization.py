@@ -232,3 +232,19 @@ def test_multi_node_setting_run_locally_does_not_hang():
         return n + 1
 
     assert two_nodes(n=41) == 42
+
+
+def test_only_the_tasks_that_talk_to_mlflow_are_given_its_user(packaged):
+    """The pipeline's MLflow user is a Flyte secret that registration, the gate and training
+    request, mounted as files; a task that only moves data is not given it."""
+    tasks = packaged["one node"]
+
+    def secrets(name: str) -> set[tuple[str, str, int]]:
+        security = tasks[name].template.security_context
+        return {(s.group, s.key, int(s.mount_requirement)) for s in (security.secrets if security else [])}
+
+    user = {("mlflow", "tracking_username", 2), ("mlflow", "tracking_password", 2)}  # 2: MountType.FILE
+    for name in ("tasks.register.register_model", "tasks.evaluate.gate_model", "tasks.train.train_model"):
+        assert secrets(name) == user, name
+    for name in ("tasks.data.load_data", "tasks.data.split_data", "tasks.register.summarize"):
+        assert not secrets(name), name

@@ -77,7 +77,7 @@ def _history(values: list[float]) -> TrainHistory:
 def test_the_median_pruner_stops_a_trial_behind_the_finished_ones_after_warm_up(tmp_path):
     cfg = _cfg(trials=4, startup_trials=2, warmup_epochs=1, include_base=False)
     specs = _ask(tmp_path, cfg, "p@1", 4)
-    opened = study.load("p@1", specs[0].storage, cfg.search)
+    opened = study.load("p@1", specs[0].storage, specs[0].storage_env, cfg.search)
     for spec in specs[:2]:
         study.tell(opened, spec, _history([1.0, 0.5, 0.3]), replayed=True)  # reported at tell, as a replay is
     report = study.reporter(specs[2])
@@ -127,7 +127,28 @@ def test_a_pruned_trial_stops_training_there_on_every_rank_and_says_why(world):
 def test_a_cluster_search_needs_a_storage_every_pod_reaches(tmp_path):
     cfg = _cfg()
     assert study.storage_url(cfg.search, tmp_path).startswith("sqlite:///")
-    with pytest.raises(ValueError, match="search.storage is not set, and on a cluster each trial trains in a pod"):
+    with pytest.raises(ValueError, match="search.storage_env is not set, and on a cluster each trial trains in a pod"):
         study.storage_url(cfg.search, tmp_path, local=False)
-    shared = _cfg(storage="postgresql://optuna@db/optuna")
+    shared = _cfg(storage="postgresql://optuna@db/optuna")  # no password: it may stay literal
     assert study.storage_url(shared.search, tmp_path, local=False) == "postgresql://optuna@db/optuna"
+
+
+def test_a_storage_password_stays_in_its_variable(tmp_path, monkeypatch):
+    """A URL with a password is refused in config; by name, only the name reaches a trial, and
+    the value is read where the study is opened."""
+    with pytest.raises(ConfigError, match="search.storage holds a password.*search.storage_env: OPTUNA_STORAGE"):
+        _cfg(storage="postgresql://optuna:hunter2@db/optuna")
+    with pytest.raises(ConfigError, match="must name an environment variable"):
+        _cfg(storage_env="postgresql://optuna:hunter2@db/optuna")
+    cfg = _cfg(storage_env="FLYSCALE_TEST_STORAGE")
+    monkeypatch.delenv("FLYSCALE_TEST_STORAGE", raising=False)
+    with pytest.raises(ValueError, match="names FLYSCALE_TEST_STORAGE, which is not set in this task's environment"):
+        _ask(tmp_path, cfg, "by-name@1", 1)
+    secret_place = tmp_path / "hunter2-secret-place"
+    secret_place.mkdir()
+    monkeypatch.setenv("FLYSCALE_TEST_STORAGE", f"sqlite:///{secret_place / 'studies.db'}")
+    specs = _ask(tmp_path, cfg, "by-name@1", 2)
+    assert (secret_place / "studies.db").is_file()  # the study is where the variable says
+    assert all((s.storage, s.storage_env) == ("", "FLYSCALE_TEST_STORAGE") for s in specs)
+    assert "hunter2" not in repr(specs) and "hunter2" not in repr(cfg)
+    assert study.load("by-name@1", specs[0].storage, specs[0].storage_env, cfg.search).trials

@@ -77,7 +77,7 @@ print(json.dumps(answer.tolist() if hasattr(answer, "tolist") else answer))
 """
 
 
-def _saved(case: str, tmp_path: Path) -> tuple[Path, run_log.ModelFiles]:
+def _saved(case: str, tmp_path: Path, limits: dict | None = None) -> tuple[Path, run_log.ModelFiles]:
     info, model_cfg, objective_cfg = CASES[case]
     torch.manual_seed(0)
     model = build_model(model_cfg, info).eval()
@@ -89,7 +89,7 @@ def _saved(case: str, tmp_path: Path) -> tuple[Path, run_log.ModelFiles]:
     else:
         x = torch.randn(4, 4)
     path = onnx.export(model, onnx.model_inputs(x, torch.zeros(4, dtype=torch.long), objective), tmp_path / "m.onnx")
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer, str(path))
+    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer, str(path), limits=limits or {})
     target = tmp_path / "model"
     mlflow.pyfunc.save_model(str(target), **run_log.model_args(files, "model", str(tmp_path)))
     return target, files
@@ -139,56 +139,43 @@ def test_an_objective_with_its_own_predict_and_no_serving_keeps_the_pytorch_mode
         onnx.serving(Wrong(), None)
 
 
-class _Cummax(torch.nn.Module):
-    """An operator ONNX lacks (cummax): torch.export traces it, the ONNX exporter cannot translate it."""
-
-    def __init__(self):
-        super().__init__()
-        self.head = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.head(torch.cummax(x, dim=1).values)
-
-
-# Loads the model where flyscale cannot be imported (torch can: the program's declared runtime).
-LOAD_WITHOUT_FLYSCALE = """
-import importlib.abc, json, sys
-class NotInstalled(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("flyscale", "flyscale_plugins", "flytekit"):
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, NotInstalled())
-import mlflow, numpy as np
-print(json.dumps(mlflow.pyfunc.load_model(sys.argv[1]).predict(np.asarray(json.loads(sys.argv[2]), dtype="float32")).tolist()))
+# Builds a torch.export program as torch.export.save writes it, with its sample inputs replaced by a
+# pickle whose loading creates the file argv[2]: what torch.export.load unpickles when its
+# weights_only load of them fails (torch/_export/serde/serialize.py, deserialize_torch_artifact).
+PLANTED_PROGRAM = """
+import builtins, pickle, sys, zipfile, torch
+class Opens:
+    def __reduce__(self):
+        return (builtins.open, (sys.argv[2], "w"))
+torch.export.save(torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)), sys.argv[1] + ".tmp")
+with zipfile.ZipFile(sys.argv[1] + ".tmp") as src, zipfile.ZipFile(sys.argv[1], "w") as out:
+    for info in src.infolist():
+        planted = info.filename.endswith("data/sample_inputs/model.pt")
+        out.writestr(info, pickle.dumps(Opens()) if planted else src.read(info))
 """
+TORCH_LOADS = "import sys, torch\ntry:\n    torch.export.load(sys.argv[1])\nexcept Exception:\n    pass\n"
 
 
-def test_a_model_onnx_cannot_take_is_served_from_a_torch_export_program(tmp_path):
-    info, model_cfg, _ = CASES["classifier"]
-    torch.manual_seed(0)
-    model = _Cummax().eval()
-    x = torch.randn(4, 4)
-    with pytest.raises(onnx.ExportError, match="could not be exported to ONNX"):
-        onnx.export(model, x, tmp_path / "m.onnx")
-    program = onnx.export_program(model, x, tmp_path / "m.pt2")
-    split = [(torch.randn(16, 4), torch.zeros(16, dtype=torch.long)), (torch.randn(5, 4), torch.zeros(5))]
-    parity = onnx.check_parity(model, program, split, None)  # any batch size: the batch is dynamic
-    assert parity.examples == 21 and "the torch.export program against PyTorch" in parity.sentence()
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec_json(model_cfg, info, None), "", "", str(program))
+def test_a_version_served_from_a_torch_export_program_is_refused_before_anything_is_unpickled(tmp_path):
+    """An older flyscale registered a model ONNX could not take as a .pt2 program; loading one
+    would run the pickle planted in it. The served model refuses it, naming why, and nothing runs."""
+    from flyscale.export import served
+
+    program, marker = tmp_path / "model.pt2", tmp_path / "unpickled"
+    subprocess.run([sys.executable, "-c", PLANTED_PROGRAM, str(program), str(marker)], check=True, cwd=tmp_path)
+    assert not marker.exists()
+    serving_json = tmp_path / "serving.json"
+    serving_json.write_text(json.dumps({"output": "probabilities", "input": {"dtype": "float32", "shape": [4]}}))
     target = tmp_path / "model"
-    mlflow.pyfunc.save_model(str(target), **run_log.model_args(files, "model", str(tmp_path)))
-    requirements = (target / "requirements.txt").read_text()
-    assert "torch==" in requirements and "onnxruntime" not in requirements and "flyscale" not in requirements
-    asked = np.random.default_rng(2).normal(size=(3, 4)).astype("float32")
-    proc = subprocess.run(
-        [sys.executable, "-c", LOAD_WITHOUT_FLYSCALE, str(target), json.dumps(asked.tolist())],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
+    mlflow.pyfunc.save_model(
+        str(target), python_model=served.__file__, artifacts={"program": str(program), "serving": str(serving_json)}
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want = torch.softmax(model(torch.from_numpy(asked)), dim=1).detach().numpy()
-    np.testing.assert_allclose(np.asarray(json.loads(proc.stdout.strip().splitlines()[-1])), want, atol=1e-5)
+    with pytest.raises(Exception, match=r"model.pt2: the served model loads an ONNX file only.*may unpickle"):
+        mlflow.pyfunc.load_model(str(target))
+    assert not marker.exists()
+    # What it refused is live: torch.export.load itself runs the planted pickle.
+    subprocess.run([sys.executable, "-c", TORCH_LOADS, str(program)], cwd=tmp_path, capture_output=True, check=True)
+    assert marker.exists()
 
 
 # --- what the served model takes: what a caller has, checked, decoded and scaled as training did ---
@@ -343,11 +330,77 @@ def test_the_language_model_refuses_bad_params_prompts_that_are_not_text_and_pro
         (["a" * 17], {}, "prompt 0 is 17 tokens; this model's context is 16 tokens: send at most 16"),
         (["a", 5], {}, "prompt 1 is a number, not text: a language model takes strings"),
         ([None], {}, "prompt 0 is null, not text"),
-        (["a"], {"max_new_tokens": -5}, "max_new_tokens must be a whole number from 1 to 1024, got -5"),
-        (["a"], {"max_new_tokens": 0}, "max_new_tokens must be a whole number from 1 to 1024, got 0"),
-        (["a"], {"max_new_tokens": 5000}, "from 1 to 1024, got 5000"),
+        (["a"], {"max_new_tokens": -5}, "max_new_tokens must be a whole number from 1 to 1024"),
+        (["a"], {"max_new_tokens": 0}, "from 1 to 1024 (serving.max_new_tokens), got 0"),
+        (["a"], {"max_new_tokens": 5000}, "from 1 to 1024 (serving.max_new_tokens), got 5000"),
         (["a"], {"temperature": -1}, "temperature must be a number >= 0 (0: the likeliest token), got -1.0"),
         (["a"], {"seed": -1}, "seed must be a whole number >= 0, got -1"),
     ]:
         status, said = ask(inputs, **params)
         assert status == 400 and message in said and "\n" not in said, said
+
+
+def test_requests_past_the_limits_written_into_the_model_are_400s_naming_the_config_field(tmp_path):
+    """The serving section's limits travel in the model (its serving JSON): too many rows or
+    prompts, a prompt too long, too many new tokens, and a generation past its time budget are
+    each refused in one line that names the limit and the field that raises it."""
+    import time
+
+    from flyscale.config import ServingConfig
+
+    limits = ServingConfig(
+        max_rows=4, max_batch_size=4, max_prompts=3, max_prompt_chars=40, max_new_tokens=100_000, time_budget_s=0.3
+    )
+    classifier = mlflow.pyfunc.load_model(str(_saved("classifier", tmp_path / "c", limits.limits())[0]))
+    target, _ = _saved("language model", tmp_path / "lm", limits.limits())
+    assert json.loads((target / "artifacts" / "model_serving.json").read_text())["limits"] == limits.limits()
+    lm = mlflow.pyfunc.load_model(str(target))
+    assert lm.metadata.metadata["flyscale_serving"]["limits"]["serving.max_prompts"] == 3
+
+    def refused(model, body: dict) -> str:
+        status, answer = _ask(model, json.dumps(body))
+        assert status == 400 and answer["error_code"] == "INVALID_PARAMETER_VALUE", answer
+        assert "\n" not in answer["message"] and "stack_trace" not in answer, answer
+        return answer["message"]
+
+    assert _ask(classifier, json.dumps({"inputs": np.zeros((4, 4)).tolist()}))[0] == 200  # at the limit
+    assert "5 examples in one request; this model answers at most 4 a request (serving.max_rows)" in refused(
+        classifier, {"inputs": np.zeros((5, 4)).tolist()}
+    )
+    assert "4 prompts in one request; this model answers at most 3 a request (serving.max_prompts)" in refused(
+        lm, {"inputs": ["a"] * 4}
+    )
+    assert "prompt 1 is 41 characters; this model reads at most 40 (serving.max_prompt_chars)" in refused(
+        lm, {"inputs": ["a", "b" * 41]}
+    )
+    assert "from 1 to 100000 (serving.max_new_tokens), got 100001" in refused(
+        lm, {"inputs": ["a"], "params": {"max_new_tokens": 100_001}}
+    )
+    started = time.monotonic()
+    said = refused(lm, {"inputs": ["a"], "params": {"max_new_tokens": 100_000}})
+    took = time.monotonic() - started
+    assert said.startswith("generation ran past this model's time budget of 0.3 s (serving.time_budget_s) after "), said
+    assert 0.3 <= took < 1.5, took  # stopped at the budget, not after 100,000 tokens
+    assert _ask(lm, json.dumps({"inputs": ["a"], "params": {"max_new_tokens": 3}}))[0] == 200
+
+
+def test_the_served_models_default_limits_are_the_serving_sections():
+    """A version registered before its limits were written is held to the config's defaults."""
+    from flyscale.config import ServingConfig
+    from flyscale.export import served
+
+    assert served.LIMITS == ServingConfig().limits()
+
+
+def test_the_champion_is_scored_on_a_split_larger_than_one_request(tmp_path):
+    """The gates score the registered champion on this run's test split a row group at a time
+    (up to 65,536 rows): flyscale's own scoring sends it serving.max_rows at a time."""
+    from flyscale.tracking.same_split import RegisteredModule
+    from tests.registered import register
+
+    uri = register(tmp_path, "limited", limits={"max_rows": 4})
+    module = RegisteredModule(mlflow.pyfunc.load_model("models:/limited/1"))
+    x = torch.rand(10, 64)
+    scored = module(x)
+    assert scored.shape == (10, 10) and uri.startswith("sqlite:")
+    torch.testing.assert_close(scored[4:8], module(x[4:8]))

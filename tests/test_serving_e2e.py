@@ -270,11 +270,13 @@ def objectives(store) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _scoring_server(store, name: str) -> Iterator[int]:
-    """`mlflow models serve -m models:/NAME@champion --env-manager local` on a free loopback port."""
+def _scoring_server(store, name: str, timeout_s: int = 60) -> Iterator[int]:
+    """`mlflow models serve -m models:/NAME@champion --env-manager local` on a free loopback port,
+    its request timeout `timeout_s` (MLflow's default: 60 s)."""
     uri, home = store
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env["MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"] = str(timeout_s)
     cmd = ["mlflow", "models", "serve", "-m", f"models:/{name}@champion", "--env-manager", "local", "-p", str(port)]
     log = home / f"serve-{name}.log"
     with open(log, "w") as out:
@@ -303,7 +305,11 @@ def _post(port: int, body: str) -> tuple[int, dict]:
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        text = e.read().decode(errors="replace")
+        try:
+            return e.code, json.loads(text)
+        except ValueError:  # not the model's answer: the server's own (a 504 past its timeout)
+            return e.code, {"message": text}
 
 
 def _documented_requests() -> dict[str, str]:
@@ -381,7 +387,8 @@ def test_the_documented_requests_of_each_objective_answer_and_bad_ones_get_one_l
     with _scoring_server(store, objectives["regression"]) as port:
         values = _run_documented(documented["regression"], port, tmp_path)["predictions"]
         assert len(values) == 1 and isinstance(values[0], float)
-        _one_line_400(*_post(port, '{"inputs": [[0.1, NaN, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]}'))
+        for body, message in _REGRESSION_REFUSED.items():
+            assert message in _one_line_400(*_post(port, body))
 
     with _scoring_server(store, objectives["language model"]) as port:
         text = _run_documented(documented["language model"], port, tmp_path)["predictions"]
@@ -403,3 +410,121 @@ def test_the_documented_requests_of_each_objective_answer_and_bad_ones_get_one_l
     ]:
         assert sent in refusals, sorted(refusals)
         assert _says(refusals[sent], told[key]), (sent, refusals[sent], told[key])
+
+
+# --- what one request may ask: the limits the served model holds, over HTTP, on both servers ----
+
+# A language model registered with small limits (the serving section's fields), and a time budget
+# far below the request timeout the scoring server is given (LIMITED_TIMEOUT_S).
+LIMITS = {"max_prompts": 3, "max_prompt_chars": 40, "max_new_tokens": 100_000, "time_budget_s": 0.5}
+LIMITED_TIMEOUT_S = 5
+# Sent to the language model: {label: (prompts, params, what the 400 says)}.
+PAST_LIMITS = {
+    "too many prompts": (["a"] * 4, {}, "4 prompts in one request; this model answers at most 3 a request (serving.max_prompts)"),
+    "a prompt too long": (["a", "b" * 41], {}, "prompt 1 is 41 characters; this model reads at most 40 (serving.max_prompt_chars)"),
+    "max_new_tokens too large": (["a"], {"max_new_tokens": 100_001}, "from 1 to 100000 (serving.max_new_tokens), got 100001"),
+    "past the time budget": (["a"], {"max_new_tokens": 100_000}, "generation ran past this model's time budget of 0.5 s (serving.time_budget_s) after "),
+}  # fmt: skip
+_ROW = [0.1] * 10  # a row of the regression model's 10 features
+_REGRESSION_REFUSED = {
+    json.dumps({"inputs": [_ROW] * 1025}): "1,025 examples in one request; this model answers at most 1,024 a request (serving.max_rows)",
+    '{"inputs": [[0.1, NaN, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]}': "NaN (or null) in 1 of 1 examples",
+    '{"inputs": [[0.1, Infinity, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]}': "infinite values in 1 of 1 examples",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def limited(store) -> str:
+    """A byte-level GPT registered with LIMITS; its registered name."""
+    from flyscale.api import DatasetInfo, FieldSpec
+    from flyscale.config import ModelConfig, ObjectiveConfig
+    from flyscale.data.text import ByteTokenizer
+
+    tokens = DatasetInfo(
+        "text", 0, [32], [], label_column="", input_field="tokens",
+        fields=[FieldSpec("tokens", "int32", [32], range=[0, 256])],
+    )  # fmt: skip
+    name = f"{MODEL}-limited"
+    gpt = ModelConfig(name="gpt", options={"layers": 1, "heads": 2, "width": 32})
+    register(store[1], name, tokens, gpt, ObjectiveConfig(name="language_modeling"), ByteTokenizer().to_json(), LIMITS)
+    return name
+
+
+def _server_cpu_s() -> float:
+    """CPU seconds used so far by every process this test process started (the servers and theirs)."""
+    tick, ppid, used = os.sysconf("SC_CLK_TCK"), {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ppid[int(entry.name)], used[int(entry.name)] = int(stat[1]), (int(stat[11]) + int(stat[12])) / tick
+    ours, more = set(), {os.getpid()}
+    while more:
+        ours |= more
+        more = {p for p, parent in ppid.items() if parent in more} - ours
+    return sum(used[p] for p in ours - {os.getpid()})
+
+
+def _answered_and_stopped(ask) -> None:
+    """`ask(prompts, params) -> (status, message)`: each request past a limit is a one-line 400
+    naming it; the one past the time budget is answered at the budget, the server then idles (no
+    generation running on after the answer) and answers the next request at once."""
+    for label, (prompts, params, message) in PAST_LIMITS.items():
+        started = time.monotonic()
+        status, said = ask(prompts, params)
+        took = time.monotonic() - started
+        assert status == 400 and message in said, (label, status, said)
+        assert "\n" not in said and "Traceback" not in said and "Failed to predict" not in said, said
+    assert took < LIMITED_TIMEOUT_S - 2, took  # the budget's answer, well before the server's timeout
+    time.sleep(0.3)
+    before = _server_cpu_s()
+    time.sleep(1.5)
+    assert _server_cpu_s() - before < 0.5, "the server kept computing after it answered"
+    started = time.monotonic()
+    status, said = ask(["a"], {"max_new_tokens": 3})
+    assert status == 200 and time.monotonic() - started < 1.0, (status, said, time.monotonic() - started)
+
+
+def test_mlflow_serve_answers_requests_past_the_limits_with_400s_naming_them(store, limited):
+    def ask(prompts: list, params: dict) -> tuple[int, str]:
+        status, body = _post(port, json.dumps({"inputs": prompts, "params": params}))
+        assert "stack_trace" not in body, body
+        return status, body["message"] if status != 200 else json.dumps(body)
+
+    with _scoring_server(store, limited, timeout_s=LIMITED_TIMEOUT_S) as port:
+        _answered_and_stopped(ask)
+
+
+def test_mlserver_answers_requests_past_the_limits_with_400s_naming_them(store, objectives, limited, envs, tmp_path):
+    """MLServer's V2 endpoint (what flyscale's load test sends): the same limits, refused as 400s
+    in one line; the regression model's rows, NaN and infinity too."""
+    repo = tmp_path / "repo"
+    for name in (limited, objectives["regression"]):
+        model_dir = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/1", tracking_uri=store[0]))
+        mlserver_repository(model_dir, repo, name, Batching(1, 0))
+
+    def infer(base: str, name: str, tensor: dict, params: dict) -> tuple[int, str]:
+        body = json.dumps({"inputs": [{"name": "input", **tensor}], "parameters": params})
+        request = urllib.request.Request(
+            f"{base}/v2/models/{name}/infer", body.encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            text = e.read().decode(errors="replace")
+            return e.code, json.loads(text)["error"] if text.startswith("{") else text
+
+    with servers.mlserver(repo, envs) as base:
+        _answered_and_stopped(
+            lambda prompts, params: infer(
+                base, limited, {"shape": [len(prompts)], "datatype": "BYTES", "data": prompts}, params
+            )
+        )
+        for body, message in _REGRESSION_REFUSED.items():
+            rows = json.loads(body.replace("NaN", '"NaN"').replace("Infinity", '"Infinity"'))["inputs"]
+            tensor = {"shape": [len(rows), 10], "datatype": "FP32", "data": [v for row in rows for v in row]}
+            status, said = infer(base, objectives["regression"], tensor, {})
+            assert status == 400 and message in said and "\n" not in said, (status, said)

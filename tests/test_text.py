@@ -326,3 +326,10 @@ def test_a_path_without_documents_says_so(tmp_path):
         TEXT.shards(TextOptions(path=str(tmp_path)))
     with pytest.raises(ValueError, match="does not exist"):
         TEXT.shards(TextOptions(path=str(tmp_path / "missing")))
+
+
+@pytest.mark.parametrize("document", ["file", "paragraph", "line"])
+def test_a_byte_order_mark_is_not_part_of_the_first_document(tmp_path, document):
+    (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbffirst\n\nsecond\n")
+    rows = _examples(TEXT, TextOptions(path=str(tmp_path), document=document))
+    assert rows[0]["text"].startswith(b"first")

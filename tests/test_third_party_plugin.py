@@ -345,23 +345,26 @@ def test_plugins_written_against_flyscale_api_work_too(site):
 
 
 @pytest.mark.parametrize(
-    "model,onnx_line,served",
+    "model,fallback,onnx_line,served",
     [
-        # ONNX lacks an operator: a torch.export program, loaded without the plugin or flyscale.
-        ("acme_running_max", "  onnx        the torch.export program against PyTorch on ", "OnnxModel"),
-        # A forward that branches on the data: no export at all; the PyTorch model, plugin needed.
-        ("acme_gated", "  onnx        not exported: the Gated could not be exported to ONNX", "FlyscaleModel"),
+        # ONNX lacks an operator, and no fallback is configured: the export fails, naming it.
+        ("acme_running_max", "none", "ONNX has no function for the operator aten.cummax (in the RunningMax", ""),
+        # A forward that branches on the data, with export.fallback torch: the PyTorch model, plugin needed.
+        ("acme_gated", "torch", "  onnx        not exported: the Gated could not be exported to ONNX", "FlyscaleModel"),
     ],
 )
-def test_a_model_onnx_cannot_take_still_registers(site, tmp_path, model, onnx_line, served):
-    """The run says what became of the export, the int8 copy falls back to torch.ao, and the
-    registered model loads: from its torch.export program where torch could trace it (no plugin
-    needed), else as the PyTorch model where the plugin is installed."""
+def test_a_model_onnx_cannot_take_fails_its_export_or_registers_as_configured(
+    site, tmp_path, model, fallback, onnx_line, served
+):
+    """Without export.fallback, a model ONNX cannot take fails the export stage with the cause;
+    with export.fallback torch the run says what became of the export, the int8 copy falls back
+    to torch.ao, and the registered PyTorch model loads where the plugin is installed."""
     cfg = {
         "data": {"dataset": "acme_wine"},
         "model": {"name": model},
         "gate": {"name": "min_metric", "options": {"threshold": 0.0}},
         "train": {"epochs": 2, "batch_size": 16},
+        "export": {"fallback": fallback},
         "mlflow": {"experiment": "acme", "model_name": "acme-export"},
     }
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -369,6 +372,12 @@ def test_a_model_onnx_cannot_take_still_registers(site, tmp_path, model, onnx_li
     home.mkdir()
     env = {"MLFLOW_TRACKING_URI": uri, "PYTHONPATH": _env(site)["PYTHONPATH"]}
     proc = run_pipeline(home, "--cfg", json.dumps(cfg), env=env, timeout=280)
+    if not served:
+        out = " ".join((proc.stdout + proc.stderr).split())
+        assert proc.returncode != 0 and onnx_line in out, out[-3000:]
+        assert "set export.fallback: torch to register the PyTorch model" in out
+        assert "registered  acme-export" not in proc.stdout
+        return
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
     assert onnx_line in proc.stdout, proc.stdout[-3000:]
     assert "registered  acme-export v1" in proc.stdout
@@ -380,11 +389,7 @@ def test_a_model_onnx_cannot_take_still_registers(site, tmp_path, model, onnx_li
         "assert p.shape == (2, 3) and abs(p.sum(axis=1) - 1).max() < 1e-5, p\n"
         "print(type(m.unwrap_python_model()).__name__)\n"
     )
-    # The program needs no plugin: loaded without Acme's package on the path (flyscale's own
-    # absence is tests/test_served_model.py's to show). The PyTorch model needs the package.
-    where = (
-        _env(site) if served == "FlyscaleModel" else {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "")}
-    )
+    where = _env(site)  # the PyTorch model needs the plugin's package
     loaded = subprocess.run(
         [sys.executable, "-c", code],
         env={**where, "MLFLOW_TRACKING_URI": uri},

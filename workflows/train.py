@@ -90,6 +90,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         info=validated.info,
         model_cfg=cfg.model,
         objective=cfg.objective,
+        export=cfg.export,
     )
     int8, quantize_ran = quantize_model(
         weights=trained.weights,

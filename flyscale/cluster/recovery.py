@@ -18,7 +18,7 @@ from pathlib import Path
 
 from flytekit.exceptions.user import FlyteRecoverableException
 
-from flyscale.train.checkpoint_files import MANIFEST, complete_checkpoints
+from flyscale.train.checkpoint_files import ASIDE, MANIFEST, NoIntactCheckpoint, complete_checkpoints
 from flyscale.train.distributed import LostPeer
 from flyscale.train.interrupt import Interrupted, leave_note
 
@@ -32,10 +32,13 @@ def lost_peers_retryable() -> Iterator[None]:
 
     So is a stop on a signal (`Interrupted`: a Ctrl-C, a preempted pod's SIGTERM), after its
     checkpoint: a retry resumes from it. Where the signal reached the launcher too, the launcher
-    reports the interruption instead (`launchers.interruptions_said`), from the note left here."""
+    reports the interruption instead (`launchers.interruptions_said`), from the note left here.
+
+    So are checkpoints of which none is whole (`NoIntactCheckpoint`): a crash or the disk tore
+    them, a fault of the machine, not of the config or the data."""
     try:
         yield
-    except LostPeer as exc:
+    except (LostPeer, NoIntactCheckpoint) as exc:
         raise FlyteRecoverableException(str(exc)) from exc
     except Interrupted as exc:
         leave_note(exc)
@@ -87,7 +90,7 @@ class FlyteMirror:
         directory still holds)."""
         from flytekit.core.context_manager import FlyteContextManager
 
-        kept = {p.name for p in complete_checkpoints(local_root)}
+        kept = {p.name.removesuffix(ASIDE) for p in complete_checkpoints(local_root)}
         dest = str(getattr(self._cp, "_checkpoint_dest", ""))  # flytekit has no public name for it
         if not dest:
             return

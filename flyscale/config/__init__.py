@@ -11,7 +11,14 @@ Importing it loads neither torch nor pandas.
 
 from flyscale.config.flatten import effective, flatten
 from flyscale.config.pipeline import PipelineConfig
-from flyscale.config.publishing import GateConfig, GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig
+from flyscale.config.publishing import (
+    ExportConfig,
+    GateConfig,
+    GatesConfig,
+    MlflowConfig,
+    QuantizeConfig,
+    ServingConfig,
+)
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
@@ -29,6 +36,7 @@ __all__ = [
     "AugmentConfig",
     "ConfigError",
     "DataConfig",
+    "ExportConfig",
     "GateConfig",
     "GatesConfig",
     "MlflowConfig",

@@ -16,7 +16,14 @@ from typing import Any
 from flyscale.config import presets
 from flyscale.config.base import Section, decode, section
 from flyscale.config.plugins import PluginSection
-from flyscale.config.publishing import GatesConfig, MlflowConfig, QuantizeConfig, ServingConfig, default_model_name
+from flyscale.config.publishing import (
+    ExportConfig,
+    GatesConfig,
+    MlflowConfig,
+    QuantizeConfig,
+    ServingConfig,
+    default_model_name,
+)
 from flyscale.config.sections import (
     AugmentConfig,
     DataConfig,
@@ -46,6 +53,7 @@ class PipelineConfig(Section):
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     gate: GatesConfig = field(default_factory=GatesConfig)
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     serving: ServingConfig = field(default_factory=ServingConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
 
@@ -90,6 +98,12 @@ class PipelineConfig(Section):
             natural = str(self.data.plugin.attribute("objective"))
             name = default_model_name(self.data.dataset, self.objective.name, natural)
             self.mlflow = dataclasses.replace(self.mlflow, model_name=name)
+        asked = getattr(self.objective.plugin.options, "max_new_tokens", None)
+        if isinstance(asked, int) and asked > self.serving.max_new_tokens:  # the served model's default request
+            raise ValueError(
+                f"objective.options.max_new_tokens {asked} exceeds serving.max_new_tokens "
+                f"{self.serving.max_new_tokens}, which the served model allows a request: lower one or raise the other"
+            )
         self._gates_read_what_the_objective_measures()
         if self.data.plugin.attribute("streaming") and self.augment.names and self.augment.copies:
             # Streamed data is prepared in one pass with no augment stage: say so rather than ignore it.

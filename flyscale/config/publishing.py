@@ -131,7 +131,29 @@ def default_model_name(dataset: str, objective: str, natural_objective: str) -> 
     return name.replace("_", "-")
 
 
+EXPORT_FALLBACKS = ("none", "torch")
+
+
+@section
+class ExportConfig(Section):
+    """How the trained model becomes the file that is served (flyscale/export/onnx.py)."""
+
+    _section = "export"
+    # What a model ONNX cannot take becomes. "none": the export fails, naming the operator or the
+    # module and torch's reason. "torch": the PyTorch model is registered instead (its weights as
+    # a state_dict, loaded with weights_only; flyscale and the model's plugin where it is served).
+    # No torch.export program (.pt2): torch.export.load may unpickle, and runs code from the file.
+    fallback: str = "none"
+
+    def __post_init__(self):
+        if self.fallback not in EXPORT_FALLBACKS:
+            raise ValueError(f"export.fallback must be one of {list(EXPORT_FALLBACKS)}, got {self.fallback!r}")
+
+
 SERVING_SETUPS = ("mlflow", "mlserver", "mlserver-batching")
+# What one request to the served model may ask, by default (flyscale/export/served.py holds the
+# same numbers for models registered before their limits were written into them).
+REQUEST_LIMITS = ("max_rows", "max_prompts", "max_prompt_chars", "max_new_tokens", "time_budget_s")
 
 
 @section
@@ -149,12 +171,30 @@ class ServingConfig(Section):
     max_batch_size: int = 32
     max_delay_ms: float = 5.0
     envs: str = "~/.cache/flyscale/serving"  # where the server's environment is built (uv), once
+    # What one request may ask of the served model: written into the model (its serving JSON), so
+    # every server that loads it enforces them; past one, HTTP 400 naming the field.
+    max_rows: int = 1024  # examples in one request
+    max_prompts: int = 64  # prompts in one request to a language model
+    max_prompt_chars: int = 65536  # characters in one prompt (its tokens are bounded by the context)
+    max_new_tokens: int = 1024  # tokens one request may ask a language model for
+    # Generation stops past this and the request is refused (HTTP 400): keep it below the server's
+    # request timeout (MLflow's MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT, 60 s), which does not stop the work.
+    time_budget_s: float = 30.0
+
+    def limits(self) -> dict:
+        """The request limits, as the served model's serving JSON holds them."""
+        return {name: getattr(self, name) for name in REQUEST_LIMITS}
 
     def __post_init__(self):
         if self.setup not in SERVING_SETUPS:
             raise ValueError(f"serving.setup must be one of {list(SERVING_SETUPS)}, got {self.setup!r}")
         if not self.levels or any(not isinstance(c, int) or c < 1 for c in self.levels):
             raise ValueError(f"serving.levels must be concurrencies >= 1, got {self.levels}")
-        positive(self, "requests", "max_batch_size")
+        positive(self, "requests", "max_batch_size", *REQUEST_LIMITS)
+        if self.max_batch_size > self.max_rows:  # MLServer batches requests into one call of the model
+            raise ValueError(
+                f"serving.max_batch_size {self.max_batch_size} exceeds serving.max_rows {self.max_rows}: a batch "
+                f"of requests would be refused as one; lower it, or raise serving.max_rows"
+            )
         if self.max_delay_ms < 0:
             raise ValueError(f"serving.max_delay_ms must be >= 0, got {self.max_delay_ms}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Parity:
     worst_example: int  # the index in the test split of the example with the largest difference
     same_prediction: bool  # the same argmax on every example (and position)
     atol: float
-    runtime: str = "ONNX Runtime"  # or "the torch.export program"
+    runtime: str = "ONNX Runtime"
 
     def sentence(self) -> str:
         return (
@@ -66,21 +67,6 @@ def _dynamic(example: torch.Tensor) -> dict[int, Any]:
     if not example.is_floating_point() and example.dim() == 2:  # token ids (N, T)
         dims[1] = torch.export.Dim("sequence", max=example.shape[1])
     return dims
-
-
-def export_program(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
-    """The fallback for a model torch.export traces but ONNX cannot translate (an operator ONNX
-    lacks): a `torch.export` program saved at `path` (.pt2), which loads with torch alone
-    (`torch.export.load(path).module()`), no flyscale and no plugin. ExportError when torch.export
-    cannot trace the model either."""
-    try:
-        program = torch.export.export(model.eval(), (example,), dynamic_shapes=(_dynamic(example),))
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"torch.export cannot trace the {type(model).__name__} either: {reason}") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(program, str(path))
-    return path
 
 
 class _SkippedTorchvision(logging.Filter):
@@ -108,6 +94,45 @@ def _exporter_quiet() -> Iterator[None]:
         registry.removeFilter(skipped)
 
 
+def cause(exc: BaseException) -> str:
+    """What the exporter could not take, in one line: the operator ONNX has no function for, or
+    torch.export's own reason with the module and line of the model's code it stopped at."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    for e in chain:
+        found = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)'", str(e))
+        if found:
+            return f"ONNX has no function for the operator {found.group(1)}{_where(chain)}"
+    deepest = chain[-1]
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(deepest)).strip()
+    reason = text.splitlines()[0].split("  (")[0] if text else ""  # without torch's notes on symbols
+    return f"{type(deepest).__name__}: {reason}{_where(chain)}" if reason else type(deepest).__name__ + _where(chain)
+
+
+def _where(chain: list[BaseException]) -> str:
+    """Where in the model's own code the export stopped: ' (in Gated.forward, model.py:12)' from
+    the deepest frame of a module outside torch, or the graph node being translated; '' if none."""
+    place = ""
+    for e in chain:
+        tb = e.__traceback__
+        while tb is not None:
+            frame, owner = tb.tb_frame, tb.tb_frame.f_locals.get("self")
+            node = frame.f_locals.get("node")
+            stack = getattr(node, "meta", {}).get("nn_module_stack") if isinstance(node, torch.fx.Node) else None
+            if stack:
+                path, kind = list(stack.values())[-1]
+                path = re.sub(r"^L\['self'\]\.?|^L__self__\.?", "", str(path))
+                name = getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1])
+                place = f" (in the {name} at {path})" if path else f" (in the {name})"
+            elif isinstance(owner, nn.Module) and not type(owner).__module__.startswith("torch."):
+                code = frame.f_code
+                place = f" (in {type(owner).__name__}.{code.co_name}, {Path(code.co_filename).name}:{tb.tb_lineno})"
+            tb = tb.tb_next
+    return place
+
+
 def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
     """Export `model` (eval mode) to ONNX at `path`, traced on `example` (a batch of its inputs):
     the batch dimension dynamic, and the sequence dimension too for integer token ids (up to
@@ -125,13 +150,14 @@ def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
                 output_names=["output"],
                 verbose=False,
             )
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    # Only what the exporter raises for a model it cannot take (torch.export's capture, then the
+    # translation, each wrapped in an OnnxExporterError): any other exception is a bug, and fails.
+    except torch.onnx.errors.OnnxExporterError as exc:
         raise ExportError(
             f"the {type(model).__name__} could not be exported to ONNX by torch.onnx.export(dynamo=True): "
-            f"{reason}. A model torch.export cannot trace (data-dependent control flow, Python-side "
-            f"state) needs rewriting for export. The export stage then tries a torch.export program, and failing "
-            f"that registers the PyTorch model, which loads where flyscale and its plugin are installed"
+            f"{cause(exc)}. Rewrite that part for export (torch.cond for control flow on values; an operator "
+            f"ONNX has), or set export.fallback: torch to register the PyTorch model, which loads where "
+            f"flyscale and the model's plugin are installed"
         ) from exc
     if program is None:  # only when dynamo=False; kept for the type checker
         raise ExportError("torch.onnx.export returned no program")
@@ -195,7 +221,7 @@ def check_parity(
     output differs by more than `atol`, or any prediction differs, naming the worst example."""
     model = model.eval()
     answer = _answerer(path)
-    kind = "torch.export program" if path.suffix == ".pt2" else "ONNX model"
+    kind = "ONNX model"
     worst, worst_at, seen, same = 0.0, 0, 0, True
     first_disagreement = -1
     for x, y in batches:
@@ -219,9 +245,7 @@ def check_parity(
                     first_disagreement = seen + int(np.argmin(agree))
                 same = False
         seen += len(want)
-    parity = Parity(
-        seen, worst, worst_at, same, atol, "ONNX Runtime" if path.suffix == ".onnx" else "the torch.export program"
-    )
+    parity = Parity(seen, worst, worst_at, same, atol)
     if worst > atol or not same:
         where = (
             f"example {first_disagreement} is predicted differently"
@@ -234,11 +258,7 @@ def check_parity(
 
 
 def _answerer(path: Path):
-    """What answers a batch of inputs (a tensor) as numpy: ONNX Runtime for a .onnx file, the
-    loaded program for a torch.export one (.pt2)."""
-    if path.suffix == ".pt2":
-        module = torch.export.load(str(path)).module()
-        return lambda inputs: module(inputs).detach().float().numpy()
+    """What answers a batch of inputs (a tensor) as numpy: ONNX Runtime on the file."""
     runner = session(path)
     name = runner.get_inputs()[0].name
     return lambda inputs: runner.run(None, {name: inputs.numpy()})[0]

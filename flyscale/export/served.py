@@ -8,10 +8,10 @@ travel too (`weights`, `spec`), for fine-tuning; serving never reads them.
 This file imports only the standard library, numpy, MLflow and (when loading) onnxruntime,
 `tokenizers` for a BPE language model and Pillow for an image model that is sent PNG or JPEG
 files: those are the model's declared requirements, so it loads where neither flyscale, nor a
-plugin package, nor torch is installed. A model ONNX cannot take (an operator it lacks) comes as
-a torch.export program instead (`program`, a .pt2 file): then torch is imported and declared,
-but still no flyscale and no plugin. Keep it that way: an import of flyscale here breaks every
-registered model served without it.
+plugin package, nor torch is installed. Keep it that way: an import of flyscale here breaks every
+registered model served without it. Nothing here unpickles: a version registered with a
+torch.export program (`program`, .pt2) by an older flyscale is refused, since torch.export.load
+may fall back to `torch.load(weights_only=False)` and runs code the file carries.
 
 The model owns its preprocessing: what a caller has goes in, and the model turns it into what
 training fed the network (`Served.describe` lists the forms; the serving JSON holds the scale).
@@ -23,7 +23,12 @@ training fed the network (`Served.describe` lists the forms; the serving JSON ho
 - a language model takes strings, at most its context length in tokens each.
 Anything else (NaN or infinity, an empty batch, another shape, a prompt that is not text, a bad
 param) is refused with `InvalidInput`: one line that names the problem and never the input,
-which MLflow's scoring server answers as HTTP 400.
+which MLflow's scoring server and MLServer answer as HTTP 400. So is a request past the limits
+the serving JSON holds (`limits`, from the `serving` config section when it was registered):
+examples or prompts in one request, characters in a prompt, `max_new_tokens`, and the time
+budget of generation, checked between tokens, which stops the work, where a server's request
+timeout only stops the wait. A failure of the model itself is one line too (HTTP 500), never
+a stack trace.
 
 What `predict` answers, by the `output` the serving JSON names:
 - `probabilities`: a row of class probabilities per example (a softmax of the model's scores);
@@ -38,15 +43,20 @@ import base64
 import binascii
 import io
 import json
+import logging
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import mlflow
 import numpy as np
 from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
+
+log = logging.getLogger(__name__)
 
 EOT = "<|endoftext|>"
 OUTPUTS = ("probabilities", "values", "text")
@@ -57,23 +67,28 @@ ONNX_TYPES = {
     "tensor(int32)": "int32",
 }
 INPUT = "input"  # the one input's name in the signature (the ONNX file's input's too)
-# The most tokens one request may ask a language model for (or its default, if larger): each is a
-# forward pass, and the scoring server gives a request 60 s by default.
-MAX_NEW_TOKENS = 1024
+# What one request may ask, where the serving JSON names no limits (a model registered before it
+# did): the `serving` section's defaults (flyscale/config/publishing.py), the same numbers.
+LIMITS = {"max_rows": 1024, "max_prompts": 64, "max_prompt_chars": 65536, "max_new_tokens": 1024, "time_budget_s": 30.0}
+
+# Served by MLServer, a refusal is also its MLServerError, which its V2 endpoint answers with the
+# error's status and message (any other exception is a bare 500). Looked up, never imported: the
+# model's requirements do not include MLServer.
+_SERVER_ERRORS: tuple = (sys.modules["mlserver.errors"].MLServerError,) if "mlserver.errors" in sys.modules else ()
 
 
-class InvalidInput(MlflowException, ValueError):
-    """A request the model cannot answer, in one line that names the problem and not the input.
+class OneLine(MlflowException, *_SERVER_ERRORS):  # type: ignore[misc]
+    """An answer in one line, with its error code's HTTP status and no stack trace.
 
     MLflow's scoring server answers an MlflowException raised in predict with its error code's
-    status (INVALID_PARAMETER_VALUE: HTTP 400) and its message, after rewriting the message as
-    "Failed to predict data '<the whole input>'. \\nError: ..." (mlflow 3.17,
-    pyfunc/scoring_server). The message is kept as first set, so the answer is this line alone;
-    any other exception would become a generic message with a stack trace. A ValueError too, for
-    callers in Python."""
+    status and its message, after rewriting the message as "Failed to predict data '<the whole
+    input>'. \\nError: ..." (mlflow 3.17, pyfunc/scoring_server). The message is kept as first set,
+    so the answer is this line alone; any other exception would become a generic message with a
+    stack trace."""
 
-    def __init__(self, message: str):
-        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
+    def __init__(self, message: str, error_code: int = INTERNAL_ERROR):
+        super().__init__(message, error_code=error_code)
+        self.status_code = self.get_http_status_code()  # MLServer's
 
     @property
     def message(self) -> str:
@@ -83,6 +98,14 @@ class InvalidInput(MlflowException, ValueError):
     def message(self, value: str) -> None:
         if not hasattr(self, "_message"):
             self._message = value
+
+
+class InvalidInput(OneLine, ValueError):
+    """A request the model cannot answer (HTTP 400), in one line that names the problem and not
+    the input. A ValueError too, for callers in Python."""
+
+    def __init__(self, message: str):
+        super().__init__(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 class ByteTokens:
@@ -149,23 +172,24 @@ class Served:
         if serving.get("output") not in OUTPUTS:
             raise ValueError(f"the serving description names output {serving.get('output')!r}; known: {OUTPUTS}")
         self.serving = serving
-        if str(path).endswith(".pt2"):  # a torch.export program: the fallback for what ONNX cannot take
-            import torch
+        if not str(path).endswith(".onnx"):
+            raise ValueError(
+                f"{Path(path).name}: the served model loads an ONNX file only. A torch.export program (.pt2) is "
+                f"not loaded: torch.export.load may unpickle (torch.load with weights_only=False) and runs code "
+                f"the file carries. Register the model again: as ONNX, or with export.fallback: torch"
+            )
+        import onnxruntime as ort
 
-            module = torch.export.load(str(path)).module()
-            self.run = lambda x: module(torch.from_numpy(x)).detach().numpy()
-            self.dtype = np.dtype(serving["input"]["dtype"])
-            self.shape = tuple(serving["input"]["shape"])
-        else:
-            import onnxruntime as ort
-
-            options = ort.SessionOptions()
-            options.log_severity_level = 3  # errors only
-            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-            given = session.get_inputs()[0]
-            self.run = lambda x: session.run(None, {given.name: x})[0]
-            self.dtype = np.dtype(ONNX_TYPES.get(given.type, "float32"))
-            self.shape = tuple(given.shape[1:])  # past the batch: sizes, or names of dynamic ones
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        given = session.get_inputs()[0]
+        self.run = lambda x: session.run(None, {given.name: x})[0]
+        self.dtype = np.dtype(ONNX_TYPES.get(given.type, "float32"))
+        self.shape = tuple(given.shape[1:])  # past the batch: sizes, or names of dynamic ones
+        self.limits = {**LIMITS, **serving.get("limits", {})}
+        if "limits" not in serving and serving["output"] == "text":  # registered before: its default still serves
+            self.limits["max_new_tokens"] = max(LIMITS["max_new_tokens"], int(serving["max_new_tokens"]))
         # An image model's pixels as its training data stored them: uint8, divided by this to get
         # what the network was trained on (flyscale/data/fields.py, Reader.to_model). None: the
         # inputs are used as they come (features, token ids); models registered before this
@@ -190,8 +214,9 @@ class Served:
                 "context_length": window,
                 "longer_prompts": f"refused (HTTP 400 naming the limit): at most {window} tokens",
                 "generation": f"each new token is predicted from the last {window} tokens",
-                "params": f"max_new_tokens 1..{self._max_new_limit()}, temperature >= 0 (0: greedy), seed >= 0",
+                "params": f"max_new_tokens 1..{self.limits['max_new_tokens']}, temperature >= 0 (0: greedy), seed >= 0",
                 "returns": "each prompt's continuation (the new text only)",
+                "limits": self._said_limits("max_prompts", "max_prompt_chars", "max_new_tokens", "time_budget_s"),
             }
         shape = _shape(self.shape)
         forms = [
@@ -212,20 +237,26 @@ class Served:
         return {
             "inputs": forms,
             "refused": "NaN or infinite values, an empty batch, another shape (HTTP 400, one line)",
+            "limits": self._said_limits("max_rows"),
             "returns": {
                 "probabilities": "a row of class probabilities per example",
                 "values": "the model's outputs, one value per example for a scalar target",
             }[self.serving["output"]],
         }
 
+    def _said_limits(self, *names: str) -> dict:
+        """The limits a request is held to, by the serving config field that set each."""
+        return {f"serving.{n}": self.limits[n] for n in names}
+
     def _size(self) -> int | None:
         return math.prod(self.shape) if all(isinstance(d, int) for d in self.shape) else None
 
     def predict(self, model_input: Any, params: dict | None = None) -> Any:
+        """The model's answer to one request, or InvalidInput naming what it cannot answer."""
         params = dict(params or {})
         output = self.serving["output"]
         if output == "text":
-            return self.generate(_prompts(model_input), params)
+            return self.generate(_prompts(model_input), params, time.monotonic())
         if params:
             raise InvalidInput(f"unknown params {sorted(params)}: this model takes none")
         x = self.inputs(model_input)
@@ -243,6 +274,11 @@ class Served:
             raise InvalidInput("a single value; this model takes a batch of examples (a list of them)")
         if len(x) == 0:
             raise InvalidInput("an empty batch: send at least one example")
+        if len(x) > self.limits["max_rows"]:  # before any image is decoded
+            raise InvalidInput(
+                f"{len(x):,} examples in one request; this model answers at most {self.limits['max_rows']:,} a request "
+                f"(serving.max_rows): send them in smaller requests"
+            )
         if x.dtype.kind in "OUSa":  # text or bytes: encoded images, or something unreadable
             x = self._decoded(x)
         if x.dtype.kind not in "iuf":
@@ -308,9 +344,6 @@ class Served:
         c, h, w = self.shape
         return np.stack([_decode(v, i, c, h, w) for i, v in enumerate(flat)])
 
-    def _max_new_limit(self) -> int:
-        return max(MAX_NEW_TOKENS, int(self.serving["max_new_tokens"]))
-
     def _generation(self, params: dict) -> tuple[int, float, int]:
         """(max_new_tokens, temperature, seed) from the request's params and the model's defaults."""
         unknown = set(params) - {"max_new_tokens", "temperature", "seed"}
@@ -321,9 +354,11 @@ class Served:
         max_new = params.get("max_new_tokens", self.serving["max_new_tokens"])
         temperature = params.get("temperature", self.serving["temperature"])
         seed = params.get("seed", 0)
-        limit = self._max_new_limit()
+        limit = self.limits["max_new_tokens"]
         if not _whole(max_new) or not 1 <= max_new <= limit:
-            raise InvalidInput(f"max_new_tokens must be a whole number from 1 to {limit}, got {_said(max_new)}")
+            raise InvalidInput(
+                f"max_new_tokens must be a whole number from 1 to {limit} (serving.max_new_tokens), got {_said(max_new)}"
+            )
         number = isinstance(temperature, (int, float, np.number)) and not isinstance(temperature, bool)
         if not (number and math.isfinite(temperature) and temperature >= 0):
             raise InvalidInput(f"temperature must be a number >= 0 (0: the likeliest token), got {_said(temperature)}")
@@ -331,11 +366,14 @@ class Served:
             raise InvalidInput(f"seed must be a whole number >= 0, got {_said(seed)}")
         return int(max_new), float(temperature), int(seed)
 
-    def generate(self, prompts: list[str], params: dict) -> list[str]:
+    def generate(self, prompts: list[str], params: dict, started: float) -> list[str]:
         """Each prompt's continuation (new text only). Prompts of the same length in tokens run
         as one batch; an empty prompt starts from the end-of-text token. A prompt longer than the
-        context is refused: the model could only read its end, and the caller should choose which."""
+        context is refused: the model could only read its end, and the caller should choose which.
+        Past the time budget from `started` (time.monotonic()), generation stops and is refused."""
+        self._within_limits(prompts)
         max_new, temperature, seed = self._generation(params)
+        deadline = started + float(self.limits["time_budget_s"])
         rng = np.random.default_rng(seed)
         window = int(self.serving["window"])
         assert self.tokens is not None
@@ -350,9 +388,16 @@ class Served:
         by_length: dict[int, list[int]] = {}
         for i, ids in enumerate(encoded):
             by_length.setdefault(len(ids), []).append(i)
+        made = 0
         for length, rows in by_length.items():
             ids = np.asarray([encoded[i] for i in rows], dtype=self.dtype)
             for _ in range(max_new):
+                if time.monotonic() > deadline:  # between tokens: nothing runs on after the answer
+                    raise InvalidInput(
+                        f"generation ran past this model's time budget of {self.limits['time_budget_s']:g} s "
+                        f"(serving.time_budget_s) after {made:,} of {max_new * len(prompts):,} new tokens: ask for "
+                        f"fewer max_new_tokens or send fewer prompts"
+                    )
                 scores = self.run(ids[:, -window:])[:, -1, :].astype(np.float64)
                 if temperature == 0:
                     nxt = scores.argmax(axis=-1)
@@ -361,9 +406,26 @@ class Served:
                     p = softmax((scores - scores.max(axis=-1, keepdims=True)) / temperature)
                     nxt = np.array([rng.choice(len(row), p=row) for row in p])
                 ids = np.concatenate([ids, nxt[:, None].astype(ids.dtype)], axis=1)
+                made += len(rows)
             for i, row in zip(rows, ids[:, length:].tolist()):
                 out[i] = self.tokens.decode(row)
         return out
+
+    def _within_limits(self, prompts: list[str]) -> None:
+        """InvalidInput when there are more prompts than a request may send, or one is too long
+        to tokenize (before the tokenizer reads it)."""
+        most = self.limits["max_prompts"]
+        if len(prompts) > most:
+            raise InvalidInput(
+                f"{len(prompts):,} prompts in one request; this model answers at most {most:,} a request "
+                f"(serving.max_prompts): send them in smaller requests"
+            )
+        longest = max(range(len(prompts)), key=lambda i: len(prompts[i]))
+        if len(prompts[longest]) > self.limits["max_prompt_chars"]:
+            raise InvalidInput(
+                f"prompt {longest} is {len(prompts[longest]):,} characters; this model reads at most "
+                f"{self.limits['max_prompt_chars']:,} (serving.max_prompt_chars): send the end of a longer text"
+            )
 
 
 def _whole(value: Any) -> bool:
@@ -499,7 +561,7 @@ class OnnxModel(PythonModel):
 
     def load_context(self, context) -> None:
         a = context.artifacts
-        self.served = load(a.get("onnx") or a["program"], a["serving"], a.get("tokenizer"))
+        self.served = load(a.get("onnx") or a["program"], a["serving"], a.get("tokenizer"))  # a program is refused
 
     # Without a type hint on predict, MLflow warns each time this file runs (logging, validating,
     # every load). An ndarray is a type MLflow neither validates nor converts, so the logged
@@ -507,7 +569,15 @@ class OnnxModel(PythonModel):
     # tensor signature, a DataFrame of prompts from a language model's. A union would warn too
     # (MLflow 3.17 takes none here).
     def predict(self, context, model_input: np.ndarray, params: dict | None = None) -> Any:
-        return self.served.predict(model_input, params)
+        try:
+            return self.served.predict(model_input, params)
+        except OneLine:
+            raise
+        except Exception as exc:  # a failure of the model's own: one line to the caller, the trace to the log
+            log.exception("the model failed on a request")
+            raise OneLine(
+                f"the model failed on this request ({type(exc).__name__}); the server's log has why"
+            ) from None
 
 
 mlflow.models.set_model(OnnxModel())

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import urllib.parse
 from dataclasses import field
 from typing import Any
 
@@ -70,8 +72,13 @@ class SearchConfig(Section):
     startup_trials: int = 2  # trials that finish before any is pruned
     include_base: bool = True  # the first trial is the base config itself, so the best is never worse
     name: str = ""  # the study's name ("" = the MLflow model name + "-search"): reruns of one name replay
-    # An Optuna storage URL every training worker can reach (e.g. postgresql://...); "" = a SQLite
-    # file on this machine, which serves local runs. The study is kept in MLflow either way.
+    # Where the study lives, which every training worker must reach: the NAME of an environment
+    # variable that holds an Optuna storage URL (postgresql://user:password@host/optuna). Only the
+    # name travels in Flyte's inputs and outputs; the tasks that open the study read the value.
+    storage_env: str = ""
+    # Or the URL itself, when it holds no password (a sqlite:/// file, a database reached with a
+    # .pgpass or IAM); "" with no storage_env = a SQLite file on this machine, for local runs.
+    # The study is kept in MLflow either way.
     storage: str = ""
 
     def __post_init__(self):
@@ -89,6 +96,27 @@ class SearchConfig(Section):
                 raise ValueError(f"search.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
         if self.warmup_epochs < 0 or self.startup_trials < 0:
             raise ValueError("search.warmup_epochs and search.startup_trials must be >= 0")
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        """A password never goes into the config, which travels in Flyte's literals and MLflow's params."""
+        if self.storage_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.storage_env):
+            raise ValueError(
+                "search.storage_env must name an environment variable (OPTUNA_STORAGE), not hold a value: "
+                "what it holds is no variable name (and is not repeated here: it may be a secret)"
+            )
+        if self.storage_env and self.storage:
+            raise ValueError("search.storage and search.storage_env are both set: keep one")
+        try:
+            secret = urllib.parse.urlsplit(self.storage).password
+        except ValueError:
+            secret = None  # a URL Optuna will refuse by name when it is opened
+        if secret:
+            raise ValueError(
+                "search.storage holds a password, and the config travels in Flyte's inputs and MLflow's params: "
+                "put the URL in an environment variable (export OPTUNA_STORAGE='postgresql://...') and set "
+                "search.storage_env: OPTUNA_STORAGE instead"
+            )
 
     @property
     def direction(self) -> str:

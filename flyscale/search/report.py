@@ -24,9 +24,10 @@ class Study:
     """This execution's study: its Optuna name and storage, and its MLflow parent run."""
 
     name: str
-    storage: str
+    storage: str  # a password-free URL, or "" when storage_env names the variable holding it
     parent_run_id: str
     opened_at: float = 0.0  # unix seconds: the search's own time runs from here to the best trial's choice
+    storage_env: str = ""  # search.storage_env: only the name travels, the tasks read its value
 
 
 @dataclass

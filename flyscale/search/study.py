@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,11 +24,13 @@ PRUNED = "pruned"
 
 @dataclass
 class TrialSpec:
-    """One trial, as its training task gets it: where to report each epoch (the study's storage
-    and the trial's id), how pruning decides, the MLflow run the trial's run is a child of, and
-    the values it was asked to try, by config path, each as JSON text."""
+    """One trial, as its training task gets it: where to report each epoch (the study's storage,
+    as a password-free URL or the name of the variable that holds it, and the trial's id), how
+    pruning decides, the MLflow run the trial's run is a child of, and the values it was asked to
+    try, by config path, each as JSON text."""
 
     storage: str = ""
+    storage_env: str = ""  # the variable holding the storage URL, read where the study is opened
     study: str = ""
     number: int = -1
     trial_id: int = -1
@@ -88,18 +91,33 @@ def _short(value: Any) -> str:
 
 
 def storage_url(cfg: SearchConfig, home: Path, local: bool = True) -> str:
-    """The storage every trial reports to: the configured URL, or (`local` runs only) a SQLite
-    file under `home`."""
-    if cfg.storage:
+    """The storage every trial reports to, as it may travel between tasks: the configured
+    password-free URL, "" when `storage_env` names the variable that holds it, or (`local` runs
+    only) a SQLite file under `home`."""
+    if cfg.storage or cfg.storage_env:
         return cfg.storage
     if not local:
         raise ValueError(
-            "search.storage is not set, and on a cluster each trial trains in a pod of its own, which cannot "
-            "reach a SQLite file in this one: set search.storage to an Optuna storage URL every pod reaches "
-            "(e.g. postgresql://user:password@host/optuna)"
+            "search.storage_env is not set, and on a cluster each trial trains in a pod of its own, which cannot "
+            "reach a SQLite file in this one: export an Optuna storage URL every pod reaches "
+            "(OPTUNA_STORAGE=postgresql://user:password@host/optuna, from a Secret on a cluster) and set "
+            "search.storage_env: OPTUNA_STORAGE"
         )
     home.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{home / 'studies.db'}"
+
+
+def opened(storage: str, storage_env: str) -> str:
+    """The storage URL to open: the value of the variable `storage_env` names, else `storage`."""
+    if not storage_env:
+        return storage
+    value = os.environ.get(storage_env, "")
+    if not value:
+        raise ValueError(
+            f"search.storage_env names {storage_env}, which is not set in this task's environment: export it "
+            f"(locally), or add it to the Secret the task pods read (docs/experiments.md)"
+        )
+    return value
 
 
 def create(cfg: SearchStudyConfig, study: str, storage: str) -> None:
@@ -107,7 +125,10 @@ def create(cfg: SearchStudyConfig, study: str, storage: str) -> None:
     import optuna
 
     made = optuna.create_study(
-        study_name=study, storage=storage, direction=cfg.search.direction, sampler=sampler(cfg.search)
+        study_name=study,
+        storage=opened(storage, cfg.search.storage_env),
+        direction=cfg.search.direction,
+        sampler=sampler(cfg.search),
     )
     if cfg.search.include_base:
         base = _base_values(cfg)
@@ -115,15 +136,17 @@ def create(cfg: SearchStudyConfig, study: str, storage: str) -> None:
             made.enqueue_trial(base)
 
 
-def load(study: str, storage: str, search: SearchConfig | None = None, spec: TrialSpec | None = None) -> Any:
-    """The study from its storage, with the search's sampler or the trial's pruner."""
+def load(
+    study: str, storage: str, storage_env: str, search: SearchConfig | None = None, spec: TrialSpec | None = None
+) -> Any:
+    """The study from its storage (`opened`), with the search's sampler or the trial's pruner."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     chosen = pruner(spec.pruner, spec.warmup_epochs, spec.startup_trials) if spec is not None else None
     return optuna.load_study(
         study_name=study,
-        storage=storage,
+        storage=opened(storage, storage_env),
         sampler=sampler(search) if search is not None else None,
         pruner=chosen,
     )
@@ -166,7 +189,7 @@ def ask(cfg: SearchStudyConfig, study: str, storage: str, count: int, parent_run
     """The next `count` trials of the study (fewer when the study has asked for all it may)."""
     import optuna
 
-    made = load(study, storage)
+    made = load(study, storage, cfg.search.storage_env)
     # An enqueued trial (the base config) waits to be asked: it is not asked yet.
     asked = sum(t.state != optuna.trial.TrialState.WAITING for t in made.get_trials(deepcopy=False))
     # Each round is a new process with a new sampler: seeded by where the study stands, so that a
@@ -178,6 +201,7 @@ def ask(cfg: SearchStudyConfig, study: str, storage: str, count: int, parent_run
         out.append(
             TrialSpec(
                 storage=storage,
+                storage_env=cfg.search.storage_env,
                 study=study,
                 number=trial.number,
                 trial_id=trial._trial_id,
@@ -206,7 +230,7 @@ def reporter(spec: TrialSpec) -> Callable[[EpochMetrics], str]:
     stop ("" to go on) when the pruner finds the trial behind the others at that epoch."""
     import optuna
 
-    study = load(spec.study, spec.storage, spec=spec)
+    study = load(spec.study, spec.storage, spec.storage_env, spec=spec)
     trial = optuna.trial.Trial(study, spec.trial_id)
 
     def report(m: EpochMetrics) -> str:

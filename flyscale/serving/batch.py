@@ -7,6 +7,13 @@ A piece's output has one row per input row, in order: the origin (`_source_file`
 `prediction` (the class for a classifier, the value for a regressor), and for a classifier
 `scores` (its class probabilities). A row the model cannot score (a missing or non-numeric
 feature) is never dropped: scoring fails naming the column, the file and the row.
+
+Only a version flyscale registered is scored, and nothing of it is unpickled or run: its MLmodel
+file is read first, and a pickled flavour (pytorch, sklearn, a cloudpickled python_model), or
+code of anyone else's, is refused before anything is loaded. The version's data files (the ONNX
+file and its serving JSON; or, registered with export.fallback torch, the state_dict loaded with
+weights_only and its spec) are then run by this flyscale's own code, never by the code file the
+version carries.
 """
 
 from __future__ import annotations
@@ -59,9 +66,15 @@ class Scored:
     path: str
 
 
+# The code files flyscale registers its models with (models from code): the ONNX-served model, and
+# the PyTorch one (export.fallback torch). Each needs these artifacts.
+CODE = {"served.py": ("onnx", "serving", "spec"), "model_code.py": ("weights", "spec")}
+ROWS = 1024  # rows a call of the PyTorch model, which holds no limit of its own
+
+
 def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
-    """The registered model (downloaded into `into`, loaded as MLflow serves it) and the dataset
-    info it was trained on (what it reads), from the spec it carries."""
+    """The registered model (downloaded into `into`, its MLmodel file checked, then its data
+    files run by flyscale's own code) and the dataset info it was trained on, from its spec."""
     import json
 
     import mlflow
@@ -71,16 +84,67 @@ def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
 
     with quiet_artifacts():  # a task's download: nobody watches its progress bars
         local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(into)))
+    code = _flyscale_code(model_uri, local)  # before anything of it is loaded
     files = artifact_files(local)
-    if "spec" not in files:
-        raise BatchPredictError(f"{model_uri} carries no flyscale spec: it was not registered by flyscale")
     serving = files.get("serving")
     if serving and json.loads(serving.read_text()).get("output") == "text":
         raise BatchPredictError(
             f"{model_uri} is a language model (prompts in, text out): batch prediction scores examples"
         )
     spec = json.loads(files["spec"].read_text())
-    return mlflow.pyfunc.load_model(str(local)), as_dataset_info(spec["info"], f"{model_uri}'s spec")
+    return _model(code, files, spec), as_dataset_info(spec["info"], f"{model_uri}'s spec")
+
+
+def _flyscale_code(model_uri: str, local: Path) -> str:
+    """Which of flyscale's models the downloaded version is (a key of CODE), read from its MLmodel
+    file alone; BatchPredictError naming what it is otherwise."""
+    import yaml
+
+    mlmodel = local / "MLmodel"
+    if not mlmodel.is_file():
+        raise BatchPredictError(f"{model_uri} is not an MLflow model (no MLmodel file)")
+    flavors = yaml.safe_load(mlmodel.read_text()).get("flavors") or {}
+    pyfunc = flavors.get("python_function") or {}
+    code = Path(str(pyfunc.get("model_code_path") or "")).name
+    others = sorted(set(flavors) - {"python_function"})
+    if others or pyfunc.get("loader_module") != "mlflow.pyfunc.loaders.code_model" or code not in CODE:
+        what = f"flavours {sorted(flavors)}" + (
+            f", python_model {pyfunc['python_model']}" if "python_model" in pyfunc else ""
+        )
+        raise BatchPredictError(
+            f"{model_uri} is not a model flyscale registered ({what}): batch prediction loads only flyscale's "
+            f"pickle-free models (an ONNX file and its serving JSON, or a state_dict and its spec) and never "
+            f"unpickles or runs a model's own code"
+        )
+    missing = [a for a in CODE[code] if a not in (pyfunc.get("artifacts") or {})]
+    if missing:
+        raise BatchPredictError(f"{model_uri} lacks the artifacts {missing} a flyscale model carries")
+    return code
+
+
+class _PyTorchModel:
+    """A version registered as the PyTorch model, built by flyscale's plugins (weights_only)."""
+
+    def __init__(self, files: dict[str, Path], spec: dict):
+        from flyscale.tracking.model_spec import build, objective_of
+
+        self.model = build(spec, str(files["weights"]))
+        self.objective, self.context = objective_of(spec, "")
+        self.limits = {"max_rows": ROWS}
+
+    def predict(self, x: np.ndarray) -> Any:
+        from flyscale.tracking.serving import predict
+
+        return predict(self.objective, self.model, x, None, self.context)
+
+
+def _model(code: str, files: dict[str, Path], spec: dict) -> Any:
+    """What scores a batch (`predict(x)`, and `limits["max_rows"]`), by flyscale's code."""
+    if code == "model_code.py":
+        return _PyTorchModel(files, spec)
+    from flyscale.export import served
+
+    return served.load(str(files["onnx"]), str(files["serving"]))
 
 
 def _inputs(cfg: DataConfig, name: str, info: DatasetInfo) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
@@ -143,6 +207,9 @@ def _answers(model: Any, x: np.ndarray) -> np.ndarray:
     """The model's answer for each row; NaN for a row with a missing value, which the served
     model refuses, so that every row is still scored in order (none, for an empty file, which
     the served model refuses too)."""
+    most = int(model.limits["max_rows"])  # what one request may ask of the served model
+    if len(x) > most:
+        return np.concatenate([_answers(model, x[i : i + most]) for i in range(0, len(x), most)])
     finite = np.isfinite(x).reshape(len(x), -1).all(axis=1) if len(x) else np.zeros(0, dtype=bool)
     if len(x) and finite.all():
         return np.asarray(model.predict(x))

@@ -13,6 +13,7 @@ Environments are built once with uv and kept under `root`, keyed by what they in
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -44,24 +45,38 @@ def uv() -> str:
 
 
 def environment(requirements: list[str], root: Path) -> Path:
-    """A virtual environment with `requirements` installed (built once), and its python."""
+    """A virtual environment with `requirements` installed (built once), and its python.
+
+    Built under a lock beside it (two load tests wanting the same one: the second waits for the
+    first's and uses it), in a temporary directory renamed into place when complete, so that no
+    one ever sees, uses or deletes another's half-built environment. Relocatable (uv's
+    `--relocatable`): its scripts find their python beside them after the rename."""
     key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:16]
     home = root / f"serving-{key}"
     python = home / "bin" / "python"
     if (home / ".complete").exists():
         return python
-    if home.exists():
-        shutil.rmtree(home)
     root.mkdir(parents=True, exist_ok=True)
-    steps = [
-        [uv(), "venv", "-q", "-p", f"{sys.version_info.major}.{sys.version_info.minor}", str(home)],
-        [uv(), "pip", "install", "-q", "--python", str(python), *requirements],
-    ]
-    for step in steps:
-        proc = subprocess.run(step, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ServerError(f"building the serving environment failed ({' '.join(step[:3])}): {proc.stderr[-2000:]}")
-    (home / ".complete").write_text("\n".join(requirements) + "\n")
+    with open(root / f"serving-{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if (home / ".complete").exists():  # built while this one waited
+            return python
+        shutil.rmtree(home, ignore_errors=True)  # incomplete: left by an older flyscale, built in place
+        with tempfile.TemporaryDirectory(prefix=f".serving-{key}-", dir=root) as tmp:
+            building = Path(tmp) / "env"
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            steps = [
+                [uv(), "venv", "-q", "--relocatable", "-p", version, str(building)],
+                [uv(), "pip", "install", "-q", "--python", str(building / "bin" / "python"), *requirements],
+            ]
+            for step in steps:
+                proc = subprocess.run(step, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise ServerError(
+                        f"building the serving environment {home} failed ({' '.join(step[:3])}): {proc.stderr[-2000:]}"
+                    )
+            (building / ".complete").write_text("\n".join(requirements) + "\n")
+            building.rename(home)
     return python
 
 

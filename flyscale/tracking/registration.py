@@ -86,7 +86,6 @@ class Candidate:
     tokens: TokenStats | None = None  # text: how the documents became token sequences
     tokenizer_json: str = ""  # text: the tokenizer the served model carries
     onnx_path: str = ""  # the fp32 model as ONNX (flyscale/export/onnx.py)
-    program_path: str = ""  # or a torch.export program, for a model ONNX cannot take
     onnx_sha256: str = ""
     onnx_parity: str = ""  # how the export answered the test split against PyTorch
     int8_format: str = "torch"
@@ -102,13 +101,14 @@ def register(candidate: Candidate, publish: bool) -> Registration:
     """Log the run to MLflow with both models; when `publish` (every gate passed) register them
     and move the alias if the champion is still the one the verdicts were judged against."""
     c, cfg = candidate, candidate.cfg
+    limits = cfg.serving.limits()  # what one request may ask of the served model
     fp32 = run_log.ModelFiles(
-        c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, c.program_path
+        c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, limits=limits
     )
     quantizer = cfg.quantize if c.int8_quantizer in ("", cfg.quantize.name) else QuantizeConfig(name=c.int8_quantizer)
     int8_spec = spec_json(cfg.model, c.info, quantizer, cfg.objective)
     int8 = (  # an ONNX quantizer's int8 file is served alone; the fp32 weights ride along to fine-tune
-        run_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path)
+        run_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path, limits=limits)
         if c.int8_format == "onnx"
         else run_log.ModelFiles(c.int8_weights_path, int8_spec, c.tokenizer_json)
     )

@@ -246,7 +246,9 @@ class ModelFiles:
     # The model as ONNX: registered to be served by ONNX Runtime alone (flyscale/export/served.py)
     # where its objective says how; "" (or an objective that cannot say) keeps the PyTorch model.
     onnx_path: str = ""
-    program_path: str = ""  # or, for a model ONNX cannot take, a torch.export program (.pt2)
+    # What one request may ask of the ONNX-served model (ServingConfig.limits()), written into its
+    # serving JSON; empty: the served model's defaults.
+    limits: dict = field(default_factory=dict)
 
 
 def log_model(files: ModelFiles, name: str, tmp: str):
@@ -295,7 +297,7 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     spec = json.loads(files.spec_json)
     objective, context = objective_of(spec, files.tokenizer_json)
     example, params = serving.example(objective, context)
-    exported = files.onnx_path or files.program_path
+    exported = files.onnx_path
     how = onnx_export.serving(objective, context) if exported else None
     metadata = None
     inputs = None
@@ -305,13 +307,14 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
         if field is not None and field.dtype == "uint8":  # pixels: the served model scales them as training did
             how["input"]["pixels"] = {"divisor": PIXEL_DIVISOR}
+        how["limits"] = {**served.LIMITS, **files.limits}  # enforced wherever the model is served
         serving_file = Path(tmp) / f"{name}_serving.json"
         serving_file.write_text(json.dumps(how, sort_keys=True))
-        artifacts.update({"onnx" if files.onnx_path else "program": exported, "serving": str(serving_file)})
+        artifacts.update({"onnx": exported, "serving": str(serving_file)})
         model = served.Served(exported, how, files.tokenizer_json)
         answer = model.predict(example, params)
         code = served.__file__
-        requirements = _onnx_requirements(bool(files.tokenizer_json), program=not files.onnx_path, images=model.images)
+        requirements = _onnx_requirements(bool(files.tokenizer_json), images=model.images)
         # MLflow's signature cannot say "uint8 pixels, floats in [0, 1] or PNG files"; the MLmodel
         # file's metadata says, in words, what the model takes, refuses and returns.
         metadata = {"flyscale_serving": model.describe()}
@@ -360,12 +363,11 @@ def _served_inputs(output: str):
     return Schema([TensorSpec(np.dtype(object), (-1,), INPUT)])
 
 
-def _onnx_requirements(tokenizer: bool = False, program: bool = False, images: bool = False) -> list[str]:
+def _onnx_requirements(tokenizer: bool = False, images: bool = False) -> list[str]:
     """What the served model imports (flyscale/export/served.py), pinned to what it was checked
-    with: onnxruntime for an ONNX file, torch for a torch.export program; Pillow for an image
-    model, to decode a PNG or JPEG sent to it exactly as training decoded its files."""
-    runtime = f"torch=={torch.__version__.split('+')[0]}" if program else f"onnxruntime=={_version('onnxruntime')}"
-    named = [f"mlflow=={_version('mlflow')}", runtime, f"numpy=={_version('numpy')}"]
+    with: onnxruntime; Pillow for an image model, to decode a PNG or JPEG sent to it exactly as
+    training decoded its files."""
+    named = [f"mlflow=={_version('mlflow')}", f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}"]
     if images:
         named.append(f"pillow=={_version('pillow')}")
     return [*named, f"tokenizers=={_version('tokenizers')}"] if tokenizer else named

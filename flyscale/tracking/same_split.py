@@ -74,7 +74,11 @@ class RegisteredModule(nn.Module):
             if self.output == "probabilities":
                 return raw.log_softmax(-1)
             return raw.reshape(0) if self.served.serving.get("scalar") and raw.ndim == 2 else raw
-        answer = np.asarray(self.pyfunc.predict(x.numpy()), dtype=np.float32)
+        # A request at a time: the served model refuses more rows than its serving.max_rows.
+        most = max(1, int(getattr(self.served, "limits", {}).get("max_rows", len(x))))
+        answer = np.concatenate(
+            [np.asarray(self.pyfunc.predict(x[i : i + most].numpy()), dtype=np.float32) for i in range(0, len(x), most)]
+        )
         if self.output == "probabilities":
             return torch.log(torch.from_numpy(answer).clamp_min(1e-30))
         return torch.from_numpy(answer)

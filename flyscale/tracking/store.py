@@ -43,9 +43,72 @@ REFERENCE_URI_TAG = "flyscale.reference_uri"
 EXECUTION_TAG = "flyscale.execution"  # on each run: the pipeline execution (provenance.execution_key)
 
 
+# The pipeline's MLflow user on a cluster: a Flyte secret (a Kubernetes Secret "mlflow" in the
+# task's namespace, infra/README.md), requested only by the tasks that talk to MLflow. Locally
+# flytekit reads a requested secret from the variable GROUP_KEY, which makes these MLflow's own
+# MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD: a local run needs nothing but those.
+SECRET_GROUP = "mlflow"
+SECRET_KEYS = {"MLFLOW_TRACKING_USERNAME": "tracking_username", "MLFLOW_TRACKING_PASSWORD": "tracking_password"}
+
+
+def secret_requests() -> list:
+    """The Flyte secrets a task that talks to MLflow declares (`@task(secret_requests=...)`):
+    mounted as files into that task's pod only, and read into MLflow's variables in its process
+    when it first talks to MLflow (`_sign_in`)."""
+    from flytekit import Secret
+
+    return [
+        Secret(group=SECRET_GROUP, key=key, mount_requirement=Secret.MountType.FILE) for key in SECRET_KEYS.values()
+    ]
+
+
 def tracking_uri() -> str:
-    """MLFLOW_TRACKING_URI if set, else a SQLite store in the working directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_STORE}"
+    """MLFLOW_TRACKING_URI if set, else a SQLite store in the working directory; with the
+    credentials MLflow's HTTP client needs in its own variables, never in the URI (see `_sign_in`)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / DEFAULT_STORE}"
+    return _sign_in(uri)
+
+
+def _sign_in(uri: str) -> str:
+    """`uri` without a password, the password in MLFLOW_TRACKING_USERNAME/PASSWORD instead.
+
+    MLflow prints a server's URI ("View run ... at http://user:secret@host/#/...") and flyscale
+    records it, so a password in `https://user:secret@host` moves out of it, here, in this process
+    (a database URI keeps its password: SQLAlchemy has no other place for it, and MLflow prints
+    none). With no credentials exported, those of the Flyte secret (`secret_requests`) are used.
+    """
+    import urllib.parse
+
+    try:
+        parts = urllib.parse.urlsplit(uri)
+        user, secret = parts.username, parts.password
+    except ValueError:  # a bad port: MLflow says so when it is used; nothing to move
+        return uri
+    if parts.scheme not in ("http", "https"):  # a database or a file: no HTTP client signs in
+        return uri
+    if secret is not None:
+        if not os.environ.get("MLFLOW_TRACKING_USERNAME"):  # credentials exported apart win
+            os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(user or "")
+            os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(secret)
+        uri = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+        os.environ["MLFLOW_TRACKING_URI"] = uri  # what MLflow reads where flyscale does not pass it
+    if not any(os.environ.get(v) for v in (*SECRET_KEYS, "MLFLOW_TRACKING_TOKEN")):
+        os.environ.update(_flyte_secrets())
+    return uri
+
+
+def _flyte_secrets() -> dict[str, str]:
+    """MLflow's credentials from the Flyte secret, where this task was given it; {} elsewhere."""
+    from flytekit.core.context_manager import SecretsManager
+
+    secrets = SecretsManager()
+    found = {}
+    for variable, key in SECRET_KEYS.items():
+        try:
+            found[variable] = secrets.get(SECRET_GROUP, key)
+        except ValueError:  # not requested by this task, or not on this cluster: MLflow says 401
+            return {}
+    return found
 
 
 def shown(uri: str) -> str:
@@ -157,6 +220,30 @@ class MlflowUnavailable(FlyteRecoverableException):
     """MLflow failed in a way a retry may fix; nothing was promoted."""
 
 
+class MlflowRefused(PermissionError):
+    """The tracking server refused these credentials (or their absence): no retry helps."""
+
+
+def refusal(exc: Exception) -> str:
+    """What to do about an MLflow error that is an authentication server's refusal, in one line
+    with no password in it; "" for any other error."""
+    code = getattr(exc, "error_code", "")
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "")
+    at = shown(tracking_uri())
+    if code == "UNAUTHENTICATED":
+        given = f"user {user!r} with the password given was not accepted" if user else "none was given"
+        return (
+            f"the server at {at} needs an MLflow user, and {given}. Export MLFLOW_TRACKING_USERNAME and "
+            f"MLFLOW_TRACKING_PASSWORD (on a cluster: the Kubernetes Secret '{SECRET_GROUP}', docs/registry.md)"
+        )
+    if code == "PERMISSION_DENIED":
+        return (
+            f"MLflow user {user!r} may not do this at {at}. An MLflow admin grants EDIT on the registered "
+            f"model to the users who may register and promote (docs/registry.md)"
+        )
+    return ""
+
+
 @contextlib.contextmanager
 def mlflow_errors(what: str) -> Iterator[None]:
     """MLflow failures as a retryable error that says what was being done and what did not happen."""
@@ -165,6 +252,9 @@ def mlflow_errors(what: str) -> Iterator[None]:
     try:
         yield
     except MlflowException as exc:
+        refused = refusal(exc)
+        if refused:  # no retry gets in: say so once, as the error a person acts on
+            raise MlflowRefused(f"MLflow refused {what}: {refused}. Nothing was promoted.") from None
         raise MlflowUnavailable(
             f"MLflow failed while {what} (after its bounded retries): {exc}. The champion alias was "
             f"not moved; the run can be retried."

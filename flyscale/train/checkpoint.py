@@ -14,12 +14,17 @@ A checkpoint is a directory `step-000000123/` holding
     manifest.json   written last, by rank 0: the step, the world size and global batch, the
                     strategy, and each file's size and sha256
 
-Every file is written under a `.partial` directory that is renamed into place only when all
-ranks have written theirs, so a directory without `.partial` is complete or was damaged
-afterwards. Damage (a missing, truncated or altered file) and incompatibility (another model,
-another strategy) are found before anything is loaded (the manifest, DCP's metadata), and
-refused with the path and what is wrong. Rank files are read with
-`torch.load(weights_only=True)`: no pickle.
+Every file is written and fsynced under a `.partial` directory that is renamed into place only
+when all ranks have written theirs, by a commit that leaves a whole checkpoint of the step at
+every moment (`checkpoint_commit`: a kill -9 or a power loss at any point of it loses at most
+the step being written). Damage (a missing, truncated or altered file) and incompatibility
+(another model, another strategy) are found before anything is loaded (the manifest, DCP's
+metadata). A damaged newest checkpoint (a crash or a disk tore it) is passed over, loudly, for
+the newest whole one: a warning names it and what is wrong, and the resume says it fell back;
+where none is whole the failure is `NoIntactCheckpoint`, which Flyte retries. An incompatible
+one, and a damaged one that `recovery.resume_from` names, is refused with the path and what is
+wrong. A full disk stops the save with `CheckpointWriteError`, naming the directory; the
+checkpoint before stands. Rank files are read with `torch.load(weights_only=True)`: no pickle.
 
 Three kinds of restart find them:
 - torch-elastic restarting the worker group inside one Flyte attempt, and the same command run
@@ -28,19 +33,21 @@ Three kinds of restart find them:
 - Flyte retrying the task, which restores what the previous attempt uploaded through Flyte's
   checkpoint API (a `Mirror`, given by the training task; this module knows nothing of Flyte).
 
-Ranks come only from the DistContext; the files are written by the ranks that own them. The
-files, their manifest and their checks are in `checkpoint_files`; here, who writes what and when.
+Ranks come only from the DistContext; the files are written, fsynced and hashed by the ranks
+that own them (an asynchronous save's off the training thread), and rank 0 uploads to the
+mirror from a thread of its own. The files, their manifest and their checks are in
+`checkpoint_files`, the commit in `checkpoint_commit`, the choice of what a resume loads in
+`checkpoint_choice`; here, who writes what and when.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import socket
 import time
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,20 +55,22 @@ from typing import Any, Protocol
 import torch
 import torch.distributed.checkpoint as dcp
 
-from flyscale.model import file_sha256
 from flyscale.train import reshard
+from flyscale.train.checkpoint_choice import holds_best, newest_whole, same_model, visible
+from flyscale.train.checkpoint_commit import Background, clear_leftovers, commit, hash_state
 from flyscale.train.checkpoint_files import (
     FORMAT,
     MANIFEST,
     PARTIAL,
+    STATE,
     CheckpointError,
-    chosen_checkpoint,
+    NoIntactCheckpoint,
     complete_checkpoints,
-    mirrored_checkpoints,
+    disk_full,
+    is_disk_full,
+    same_strategy,
     step_dir,
     step_of,
-    tensor_difference,
-    verify,
     write_file,
 )
 from flyscale.train.distributed import DistContext
@@ -71,7 +80,6 @@ from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_r
 
 log = logging.getLogger(__name__)
 
-STATE = "state"  # the DCP directory of model and optimizer state
 
 # recovery.checkpoint_every_minutes left unset: a checkpoint every tenth of the run, so that a run
 # of a few minutes has some, but not more often than every 30 s (a run of seconds writes none: a
@@ -131,6 +139,10 @@ class Checkpointer:
         self.asynchronous = asynchronous
         self._pending: _Pending | None = None
         self._group: Any = None  # the process group of background writes, made at the first
+        self._ctx: DistContext | None = None  # whose ranks saved: `wait` gathers them
+        self._hashing, self._uploads = Background("checkpoint-hash"), Background("checkpoint-upload")
+        self._upload: Future[None] | None = None  # rank 0's upload of the newest to the mirror
+        self._chosen: tuple[Path, str, dict[str, Any]] | None = None  # `reshard_plan`'s choice, for `restore`
         self._last_save = time.monotonic()
         self._save_seconds = 0.0  # what the latest checkpoint held training up
         self.saved: list[int] = []  # steps this process checkpointed
@@ -174,11 +186,12 @@ class Checkpointer:
         """Write checkpoint `position.step` from every rank; returns its directory.
 
         Asynchronous, it returns once the tensors are copied to host memory, and the checkpoint
-        is committed when `wait` is called: by the next save, and by `fit` as training ends. A
-        worker that dies before then loses that one; the one before it stands.
+        is committed by the next save, or by `wait` (`fit` calls it as training ends). A worker
+        that dies before then loses that one; the one before it stands.
         """
-        self.wait()  # one save in flight at a time: the last one committed first (wait counts its own time)
+        self._commit_pending()  # one save in flight at a time: the last one committed first
         start = time.perf_counter()
+        self._ctx = ctx
         final = step_dir(self.root, position.step)
         partial = final.with_name(final.name + PARTIAL)
 
@@ -193,9 +206,6 @@ class Checkpointer:
             rank_file = {"position": _position_dict(position), "rng": rng_state(), "schedule": state.schedule_state()}
             return {f"rank-{ctx.rank}.pt": write_file(rank_file, partial / f"rank-{ctx.rank}.pt")}
 
-        # Every rank enters both, whatever fails where: no rank is left alone in a collective.
-        together(ctx, clear)  # the others write once rank 0 has emptied the directory
-        everyone = together(ctx, write_mine)  # also: every rank has written its files
         manifest = {
             "format": FORMAT,
             "step": position.step,
@@ -205,23 +215,37 @@ class Checkpointer:
             "strategy": strategy,
             "global_batch": self.global_batch,
             "grad_accum_steps": self.grad_accum_steps,
-            "files": {k: v for part in everyone for k, v in part.items()},
         }
-        # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
-        # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
-        written = None
-        if self.asynchronous:
-            written = dcp.async_save(
-                state.sharded_state(),
-                checkpoint_id=partial / STATE,
-                process_group=self._writer_group(ctx),
-                no_dist=not ctx.distributed,
-            )
-        else:
-            dcp.save(state.sharded_state(), checkpoint_id=partial / STATE)
-        self._pending = _Pending(written, partial, final, manifest, ctx.is_main, ctx)
+        state_dir = partial / STATE
+        try:
+            # Every rank enters both, whatever fails where: no rank is left alone in a collective.
+            together(ctx, clear)  # the others write once rank 0 has emptied the directory
+            everyone = together(ctx, write_mine)  # also: every rank has written its files
+            manifest["files"] = {k: v for part in everyone for k, v in part.items()}
+            # Collective: each rank writes what it holds (its shards, its stage; a tensor every rank
+            # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
+            # Each rank hashes the files it wrote: asynchronous, on the checkpointer's thread once
+            # they are written; else here, every rank its own at once.
+            if self.asynchronous:
+                written: Any = dcp.async_save(  # a Future of DCP's
+                    state.sharded_state(),
+                    checkpoint_id=state_dir,
+                    process_group=self._writer_group(ctx),
+                    no_dist=not ctx.distributed,
+                )
+                hashed = self._hashing.submit(lambda: (written.result(), hash_state(state_dir, ctx.rank, STATE))[1])
+            else:
+                dcp.save(state.sharded_state(), checkpoint_id=state_dir)
+                hashed = Future()
+                hashed.set_result(hash_state(state_dir, ctx.rank, STATE))
+        except Exception as exc:
+            full = self._disk_full(exc, position.step, partial, ctx)
+            if full is None:
+                raise
+            raise full from exc
+        self._pending = _Pending(hashed, partial, final, manifest, ctx)
         if not self.asynchronous:
-            self.wait()
+            self._commit_pending()
         self._last_save = time.monotonic()
         self._save_seconds = time.perf_counter() - start
         self.saved.append(position.step)
@@ -229,41 +253,64 @@ class Checkpointer:
         return final
 
     def wait(self) -> Path | None:
-        """Wait for the save in flight (if any) to be written, and commit it: rank 0 writes the
-        manifest, renames the directory into place, prunes and mirrors. Its directory, or None."""
+        """Commit the save in flight (if any), and wait for the mirror's upload of the newest
+        checkpoint, raising its failure: as training ends or stops. The committed directory, or None."""
+        final = self._commit_pending()
+        if self._ctx is not None:  # every rank has saved, or none has
+            start = time.perf_counter()
+            together(self._ctx, self._uploaded)  # rank 0's upload: its failure stops every rank
+            self.seconds_saving += time.perf_counter() - start
+        return final
+
+    def _commit_pending(self) -> Path | None:
+        """Commit the save in flight: every rank's hashes to rank 0, which writes the manifest,
+        renames the directory into place, prunes and starts the mirror's upload."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         start = time.perf_counter()
-        # Entered by every rank: a commit that fails on rank 0 (a full disk, the mirror's upload)
-        # stops every rank with its error, not the others in their next collective.
-        together(pending.ctx, lambda: self._commit(pending))
-        if pending.written is not None:
+        try:
+            # Entered by every rank: a commit that fails on rank 0 (a full disk, the mirror's
+            # upload before) stops every rank with its error, not the others in their next collective.
+            hashes = together(pending.ctx, pending.hashed.result)
+            together(pending.ctx, lambda: self._commit(pending, hashes))
+        except Exception as exc:
+            full = self._disk_full(exc, step_of(pending.final), pending.partial, pending.ctx)
+            if full is None:
+                raise
+            raise full from exc
+        if self.asynchronous:  # a synchronous save's own clock counts it
             self.seconds_saving += time.perf_counter() - start
         return pending.final
 
-    def _commit(self, pending: _Pending) -> None:
-        if pending.written is not None:
-            # Rank 0's save ends with DCP's metadata, written after every rank reported its files.
-            pending.written.result()
-        if pending.main:
-            partial = pending.partial
-            pending.manifest["files"].update(
-                {
-                    f"{STATE}/{f.name}": {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
-                    for f in sorted((partial / STATE).iterdir())
-                }
-            )
-            pending.manifest["written_at"] = time.time()
-            tmp = partial / (MANIFEST + ".tmp")
-            tmp.write_text(json.dumps(pending.manifest, indent=1))
-            os.replace(tmp, partial / MANIFEST)
-            if pending.final.exists():  # the same step saved before a restart: replace it whole
-                shutil.rmtree(pending.final)
-            os.rename(partial, pending.final)
-            self._prune()
-            if self.mirror is not None:
-                self.mirror.save(pending.final)
+    def _commit(self, pending: _Pending, hashes: list[dict[str, Any]]) -> None:
+        if not pending.ctx.is_main:
+            return
+        self._uploaded()  # before pruning what it may still be reading
+        for mine in hashes:
+            pending.manifest["files"].update(mine)
+        pending.manifest["written_at"] = time.time()
+        commit(pending.partial, pending.final, pending.manifest, STATE)
+        clear_leftovers(self.root, self.keep)
+        if self.mirror is not None:
+            mirror, final = self.mirror, pending.final
+            self._upload = self._uploads.submit(lambda: _upload(mirror, final))
+
+    def _uploaded(self) -> None:
+        """Wait for the mirror's upload of the newest checkpoint (rank 0's); raise its failure."""
+        upload, self._upload = self._upload, None
+        if upload is not None:
+            upload.result()
+
+    def _disk_full(self, exc: Exception, step: int, partial: Path, ctx: DistContext) -> Exception | None:
+        """Where a full disk failed the save: the error saying so in one line, naming the directory
+        (what the save wrote is deleted, to free the space; the checkpoint before stands)."""
+        if not is_disk_full(exc):
+            return None
+        if ctx.is_main:
+            shutil.rmtree(partial, ignore_errors=True)
+        done = complete_checkpoints(self.root)
+        return disk_full(self.root, step, done[-1] if done else None)
 
     def _writer_group(self, ctx: DistContext) -> Any:
         """A gloo group of its own for the background writes: their collectives must not
@@ -278,10 +325,6 @@ class Checkpointer:
         """Delete this run's restart directory: training finished, nothing will resume from it."""
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def _prune(self) -> None:
-        for old in complete_checkpoints(self.root)[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
-
     # -- resuming -----------------------------------------------------------------------------
 
     def reshard_plan(self, ctx: DistContext, per_worker_batch: bool = True) -> Reshard | None:
@@ -294,11 +337,11 @@ class Checkpointer:
             if not (ctx.is_main and self.resume):
                 return None
             try:
-                found = self._newest()
-                if found is not None:
-                    m = json.loads((found[0] / MANIFEST).read_text())
+                self._chosen = self._choose()
+                if self._chosen is not None:
+                    m = self._chosen[2]
                     return m["world_size"], m.get("global_batch", 0), m.get("grad_accum_steps", 1)
-            except (CheckpointError, OSError, ValueError, KeyError):
+            except (CheckpointError, NoIntactCheckpoint, OSError, ValueError, KeyError):
                 pass  # restore() finds it again and says what is wrong
             return None
 
@@ -315,9 +358,11 @@ class Checkpointer:
         """Load the newest checkpoint of this run into `state`: from the local restart directory,
         or from the mirror (the previous Flyte attempt) where that holds a newer one.
 
-        None when there is none (or `resume` is off). A damaged or incompatible newest one
-        raises CheckpointError on every rank instead of being passed over, so a resume never
-        quietly goes back further than the user expects, or starts from zero.
+        None when there is none (or `resume` is off). A damaged newest one is passed over for
+        the newest whole one, never quietly: a warning names each passed over and what is wrong,
+        and the source the resume reports says it fell back; where none is whole,
+        NoIntactCheckpoint (retryable). An incompatible one, or a damaged one that
+        `recovery.resume_from` names, raises CheckpointError. Whatever rank 0 meets, every rank raises.
         """
         if not self.resume:
             return None
@@ -325,12 +370,13 @@ class Checkpointer:
         def choose() -> tuple[str, str] | None:
             if not ctx.is_main:
                 return None
-            found = self._newest()
+            found, self._chosen = self._chosen or self._choose(), None
             if found is None:
                 return None
-            verify(found[0], strategy)
+            path, source, manifest = found
+            same_strategy(path, manifest, strategy)
             # In the run directory: by its name, which every rank finds under its own root.
-            return (found[0].name if found[0].parent == self.root else str(found[0])), found[1]
+            return (path.name if path.parent == self.root else str(path)), source
 
         # One rank chooses, so that every rank loads the same checkpoint; its failure is everyone's.
         choice = together(ctx, choose)[0]
@@ -340,15 +386,15 @@ class Checkpointer:
         path = self.root / where  # `where` absolute (recovery.resume_from): that path
 
         def read_mine() -> tuple[int, dict[str, Any]]:
-            manifest = json.loads(_visible(path, MANIFEST, ctx).read_text())
+            manifest = json.loads(visible(path, MANIFEST, ctx).read_text())
             saved_world = manifest["world_size"]
             ranks = [ctx.rank] if saved_world == ctx.world_size else range(saved_world)
-            files = [_visible(path, f"rank-{r}.pt", ctx) for r in ranks]
-            _visible(path, f"{STATE}/.metadata", ctx)
+            files = [visible(path, f"rank-{r}.pt", ctx) for r in ranks]
+            visible(path, f"{STATE}/.metadata", ctx)
             loaded = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
             # Resharded: every saved rank's place in the data.
             mine = loaded[0] if saved_world == ctx.world_size else reshard.rank_state(loaded, ctx.rank)
-            _same_model(path, state)  # a pipeline stage checks its own layers: it may fail alone
+            same_model(path, state)  # a pipeline stage checks its own layers: it may fail alone
             return saved_world, mine
 
         # Every rank reads its own files, where it stands; any rank that cannot stops them all
@@ -356,7 +402,7 @@ class Checkpointer:
         read: list[tuple[int, dict[str, Any]]] = []
         together(ctx, lambda: read.append(read_mine()))
         saved_world, mine = read[0]
-        if _holds_best(path):  # early stopping's best epoch so far: room for it, for DCP to fill
+        if holds_best(path):  # early stopping's best epoch so far: room for it, for DCP to fill
             state.keep_best()
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
         held = state.sharded_state()
@@ -375,27 +421,9 @@ class Checkpointer:
         )
         return position, Resumed(step=position.step, source=source, path=str(path), world_size=saved_world)
 
-    def _newest(self) -> tuple[Path, str] | None:
-        """(the newest checkpoint, "local" or "mirror"). A newer one in the mirror is first
-        copied into the restart directory, where every rank (on every node, if shared) reads it
-        and a later worker restart in this attempt finds it too."""
-        local = complete_checkpoints(self.root)
-        newest = (local[-1], "local") if local else None
-        if self.resume_from:  # unless this run has gone further since (a worker restart after it)
-            named = chosen_checkpoint(Path(self.resume_from).expanduser())
-            if newest is None or step_of(newest[0]) <= step_of(named):
-                return named, "recovery.resume_from"
+    def _choose(self) -> tuple[Path, str, dict[str, Any]] | None:
         restored = self.mirror.restore() if self.mirror is not None else None
-        mirrored = mirrored_checkpoints(restored) if restored is not None else []
-        if mirrored and (newest is None or step_of(mirrored[-1]) > step_of(newest[0])):
-            source = mirrored[-1]
-            target = self.root / source.name
-            partial = target.with_name(target.name + PARTIAL)
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.copytree(source, partial)
-            os.rename(partial, target)
-            newest = (target, "mirror")
-        return newest
+        return newest_whole(self.root, self.resume_from, restored)
 
     def restore_rng(self) -> None:
         """Put back the RNG states of the checkpoint `restore` loaded. Call it once the resumed
@@ -408,52 +436,22 @@ class Checkpointer:
 
 @dataclass
 class _Pending:
-    """A save whose tensors may still be being written (`written`: DCP's future, None when done)."""
+    """A save whose tensors may still be being written: `hashed` is done with this rank's hashes."""
 
-    written: Any
+    hashed: Future[dict[str, Any]]
     partial: Path
     final: Path
     manifest: dict[str, Any]
-    main: bool
     ctx: DistContext  # whose ranks commit it together
 
 
-def _same_model(path: Path, state: TrainState) -> None:
-    """CheckpointError unless the checkpoint holds every tensor this rank's module has, in the same
-    shape and dtype (and, for a whole model, no other): from DCP's metadata, before any load."""
-    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
-    saved = [
-        [k.removeprefix("model."), list(m.size), str(m.properties.dtype)]
-        for k, m in metadata.items()
-        if k.startswith("model.") and isinstance(m, dcp.metadata.TensorStorageMetadata)
-    ]
-    mine = state.signature()
-    names = {s[0] for s in mine}
-    # A pipeline stage holds some of the model's layers: those, not all, must be there.
-    compared = [s for s in saved if s[0] in names] if state.stage else saved
-    if sorted(compared) != sorted(mine):
-        raise CheckpointError(
-            f"checkpoint {path} holds another model than this run builds: "
-            f"{tensor_difference(compared, mine)}. "
-            f"Start afresh (recovery.resume: false) or train the model it was written for"
-        )
-
-
-def _visible(path: Path, name: str, ctx: DistContext) -> Path:
-    """`path / name`, or a CheckpointError saying that this rank does not see it where it runs."""
-    if not (path / name).is_file():
-        raise CheckpointError(
-            f"rank {ctx.rank} (host {socket.gethostname()}) cannot see {name} of checkpoint {path}: every rank "
-            f"reads its own files from it, so it must be on a volume every node mounts (recovery.checkpoint_dir, "
-            f"or recovery.resume_from, on a ReadWriteMany volume at the same path in every training pod)"
-        )
-    return path / name
-
-
-def _holds_best(path: Path) -> bool:
-    """Whether the checkpoint holds early stopping's kept weights beside the model."""
-    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
-    return any(k.startswith("best.") for k in metadata)
+def _upload(mirror: Mirror, checkpoint: Path) -> None:
+    """`mirror.save(checkpoint)`, its failure naming the checkpoint."""
+    try:
+        mirror.save(checkpoint)
+    except Exception as exc:
+        exc.add_note(f"(uploading checkpoint {checkpoint} to the mirror, the previous attempt's store, failed)")
+        raise
 
 
 def _position_dict(p: Position) -> dict[str, Any]:

@@ -14,6 +14,13 @@ takes a directory of its own (`run-<key>-<owner>`): the two never write one chec
 the second never resumes from a checkpoint the first is still writing. Pruning and
 `flyscale checkpoints` skip or mark directories that are held.
 
+Looking at a lock takes it for an instant (`flock` cannot be asked who holds it), and so does
+`prune`, which deletes a directory only while it holds the lock itself: it renames the directory
+out of the way under the lock (an instant), then deletes it unheld. So a starting run that finds
+the lock held retries for `PATIENCE_S` before it goes apart, and once it has the lock checks that
+the lock file is still the directory's (not one `prune` moved away). A probe or a prune can thus
+never send a starting run to a directory of its own; only a run that holds the lock for longer does.
+
 The other ranks find the directory rank 0 claimed by its name, under their own base
 (`restart_directory`): on several nodes that base must be one volume every node mounts, which
 is proved before training (`shared_disk.check_shared`) rather than found out at the first
@@ -47,6 +54,12 @@ DEFAULT_BASE = Path.home() / ".flyscale" / "checkpoints"  # recovery.checkpoint_
 
 LOCK = ".lock"
 
+# How long a starting run retries a held lock before it goes apart: many times what a probe or a
+# prune holds it for (microseconds), little beside a training's start.
+PATIENCE_S = 2.0
+
+PRUNED = ".pruned-"  # a directory `prune` moved aside to delete (not `run-*`: nothing lists it)
+
 
 def base_directory(base: str) -> Path:
     return Path(base).expanduser() if base else DEFAULT_BASE
@@ -62,14 +75,33 @@ def run_directory(base: str, key: str) -> Path:
     return base_directory(base) / f"run-{key}"
 
 
-def _try_lock(directory: Path, owner: str) -> int | None:
-    """An fd holding `directory`'s lock (the file then names `owner`), or None if another holds it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _lock_now(directory: Path, create: bool) -> int | None:
+    """An fd holding the lock of `directory` as it is now, or None where another holds it (or,
+    without `create`, where the directory is gone)."""
+    try:
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return None  # deleted meanwhile (only without `create`)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        held, there = os.fstat(fd), os.stat(directory / LOCK)
+        if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+            return fd
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    os.close(fd)  # held, or a lock `prune` moved away with its directory while we took it
+    return None
+
+
+def _try_lock(directory: Path, owner: str, patience_s: float = PATIENCE_S) -> int | None:
+    """An fd holding `directory`'s lock (the file then names `owner`), or None if another holds it
+    for longer than `patience_s` (module docstring: a probe or a prune holds it for an instant)."""
+    deadline = time.monotonic() + patience_s
+    while (fd := _lock_now(directory, create=True)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if fd is None:
         return None
     os.ftruncate(fd, 0)
     os.write(fd, json.dumps({"owner": owner, "pid": os.getpid(), "host": os.uname().nodename}).encode())
@@ -86,7 +118,7 @@ def holder(directory: Path) -> str:
 
 
 def is_held(directory: Path) -> bool:
-    """Whether a live process holds `directory`'s lock now."""
+    """Whether a live process holds `directory`'s lock now (taking it for an instant to see)."""
     if not (directory / LOCK).is_file():
         return False
     fd = os.open(directory / LOCK, os.O_RDONLY | os.O_CLOEXEC)
@@ -177,15 +209,41 @@ def run_directories(base: str) -> list[RunCheckpoints]:
 
 def prune(base: str, older_than_s: float, now: float | None = None) -> list[Path]:
     """Delete the run directories under `base` not written for `older_than_s` and held by no live
-    run; what was deleted."""
+    run; what was deleted. Each is taken with its lock and moved aside before it is deleted, so a
+    run starting in it meanwhile waits an instant, then starts afresh in its place (module docstring)."""
     now = time.time() if now is None else now
     try:
         runs = run_directories(base)
+        root = base_directory(base)
+        for left in root.glob(PRUNED + "*"):  # a prune cut short
+            shutil.rmtree(left, ignore_errors=True)
     except OSError as exc:  # housekeeping: an unreadable base (or a folder deleted meanwhile) stops no training
         log.warning("could not look for old checkpoints to delete under %s: %s", base_directory(base), exc)
         return []
-    gone = [r.path for r in runs if now - r.modified > older_than_s and not r.held]
-    for path in gone:
-        shutil.rmtree(path, ignore_errors=True)
-        log.info("deleted checkpoints of an old run: %s", path)
+    gone = []
+    for run in runs:
+        if now - run.modified <= older_than_s or run.held:
+            continue
+        fd = _lock_now(run.path, create=False)
+        if fd is None:  # a run holds it now
+            continue
+        try:
+            if now - _last_written(run.path) <= older_than_s:  # written since it was listed
+                continue
+            trash = root / f"{PRUNED}{run.path.name}-{os.getpid()}"
+            run.path.rename(trash)
+        except OSError as exc:
+            log.warning("could not delete the checkpoints of an old run %s: %s", run.path, exc)
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(trash, ignore_errors=True)
+        log.info("deleted checkpoints of an old run: %s", run.path)
+        gone.append(run.path)
     return gone
+
+
+def _last_written(run: Path) -> float:
+    """When anything in run directory `run` (its lock file aside) was last written."""
+    times = [f.stat().st_mtime for f in run.rglob("*") if f.is_file() and f.name != LOCK]
+    return max(times, default=run.stat().st_mtime)
