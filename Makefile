@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # starts its own MLflow and S3 servers. PYTEST_WORKERS=0 runs in this process, one test at a time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install run test bench lock lock-cuda lint format clean
+.PHONY: install run test test-fast bench lock lock-cuda lint format clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ run: $(STAMP)
 
 test: $(STAMP) $(CHROMIUM_STAMP)
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The unit tier: every test not marked slow (tests/conftest.py), a few minutes at most; `make test` is
+# the whole suite, which CI runs.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 $(CHROMIUM_STAMP): | $(STAMP)
 	@if [ ! -x $(CHROMIUM) ]; then \

@@ -26,8 +26,14 @@ BIN = Path(sys.executable).parent
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end files (whole pipelines, minutes each) first, the small files after them:
     `make test` hands whole files to its workers in this order, so the small ones fill the gaps
-    at the end instead of one worker idling while the other runs a long file last."""
+    at the end instead of one worker idling while the other runs a long file last.
+
+    Every test of an end-to-end file is `slow`, as are the tests marked so by hand (those that
+    start processes, servers or whole trainings: seconds each): `make test-fast` runs the rest."""
     items.sort(key=lambda item: not item.path.name.endswith("_e2e.py"))  # stable: each file's own order kept
+    for item in items:
+        if item.path.name.endswith("_e2e.py"):
+            item.add_marker(pytest.mark.slow)
 
 
 def free_port() -> int:

@@ -149,6 +149,7 @@ def scenarios(tmp_path_factory) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_an_unchanged_import_gives_the_same_versions(scenarios):
     assert scenarios["again"] == scenarios["baseline"]
     assert all(len(v) == 64 for v in scenarios["baseline"].values())
@@ -166,5 +167,6 @@ def test_an_unchanged_import_gives_the_same_versions(scenarios):
         ("edited_plugin", {"quantize_model", "register_model", "record_candidate"}),
     ],
 )
+@pytest.mark.slow
 def test_each_fact_changes_the_versions_of_the_tasks_it_affects(scenarios, scenario, expected):
     assert _changed(scenarios["baseline"], scenarios[scenario]) == expected

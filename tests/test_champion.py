@@ -69,6 +69,7 @@ def _version(client: MlflowClient, name: str, accuracy: float, sha: str, judged:
     return client.create_model_version(name, f"runs:/{run.info.run_id}/m", run.info.run_id, tags=tags).version
 
 
+@pytest.mark.slow
 def test_no_model_and_no_alias_both_mean_no_champion(server, name):
     assert read_baseline(_cfg(name), "sha").version == ""
     _version(server, name, 0.9, "a")  # a model, but no alias yet
@@ -116,6 +117,7 @@ def test_the_alias_moves_only_if_it_still_points_at_the_judged_champion(server, 
     assert champion.promote(server, [(name, v2)], "champion", ChampionRef(name, "champion", v1), "b", 10, 600).moved
 
 
+@pytest.mark.slow
 def test_a_champion_without_an_int8_twin_takes_the_old_twins_alias_away(server, name):
     twin = f"{name}-int8"
     v1 = _version(server, name, 0.90, "a")
@@ -289,6 +291,7 @@ def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp
 
 
 @pytest.mark.parametrize("store", ["server", "sqlite"])
+@pytest.mark.slow
 def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
     store, mlflow_server, name, tmp_path, monkeypatch
 ):
@@ -308,6 +311,7 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
     assert read.source == f"v{out.model_version}" and read.profile.rows == 3 and read.schema.features == ["a", "b"]
 
 
+@pytest.mark.slow
 def test_a_model_of_another_kind_is_not_registered_under_the_name(server, name, tmp_path):
     """Checked before training (tests/test_model_kind.py), and again when registering: another
     kind may have been registered meanwhile. The kind is tagged on every version."""

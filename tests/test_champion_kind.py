@@ -201,6 +201,7 @@ def _score(case: str, info=None, champion: str | None = None, tokenizer: str | N
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_the_champion_is_scored_on_this_split_through_its_registered_model(live, case):
     info, model_cfg, objective_cfg, tokenizer = CASES[case]
     torch.manual_seed(0)  # the network tests/registered.py registered

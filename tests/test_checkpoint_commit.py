@@ -45,6 +45,7 @@ def campaign(tmp_path_factory):
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.slow
 def test_a_kill_at_any_point_of_a_commit_resumes_to_identical_weights(campaign):
     out, report = campaign
     ref = torch.load(out / "ref" / "weights.pt", weights_only=True)
@@ -89,6 +90,7 @@ def test_a_kill_at_any_point_of_a_commit_resumes_to_identical_weights(campaign):
         assert point in tried, point
 
 
+@pytest.mark.slow
 def test_each_rank_hashes_what_it_wrote_and_the_manifest_names_every_file(campaign):
     out, _ = campaign
     (step,) = complete_checkpoints(out / "ref" / "ckpt")
@@ -132,6 +134,7 @@ def test_a_damaged_newest_checkpoint_is_passed_over_loudly_and_none_whole_is_ret
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_full_disk_fails_the_save_naming_the_directory_and_keeps_the_previous_step(tmp_path):
     """A real full filesystem: a 1 MiB tmpfs, mounted in a user and mount namespace of the child's
     own (no root needed where unprivileged user namespaces are allowed)."""

@@ -40,6 +40,7 @@ def _rows(stdout: str) -> dict[tuple[str, str], str]:
     return {tuple(line.split()[:2]): line for line in lines[1:-1]}
 
 
+@pytest.mark.slow
 def test_plugins_lists_built_ins_with_their_distribution():
     proc = _flyscale("plugins")
     assert proc.returncode == 0, proc.stderr
@@ -57,6 +58,7 @@ def test_plugins_lists_built_ins_with_their_distribution():
     assert proc.stdout.splitlines()[-1].startswith(f"{len(rows)} plugins, ")
 
 
+@pytest.mark.slow
 def test_plugins_kind_filter():
     proc = _flyscale("plugins", "--kind", "models")
     assert proc.returncode == 0, proc.stderr
@@ -88,6 +90,7 @@ def test_rich_table_shows_broken_plugin_error():
     assert cli._summary(infos) == "2 plugins, 1 broken: models/bad (acme-bad 1.0)"
 
 
+@pytest.mark.slow
 def test_a_command_on_the_registry_where_there_is_no_store_says_so_and_creates_none(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     proc = subprocess.run(
@@ -105,6 +108,7 @@ def test_a_command_on_the_registry_where_there_is_no_store_says_so_and_creates_n
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_store_that_fails_is_one_line_that_never_shows_its_password():
     """MLflow's own error names the URL it called: the CLI says it in one line, as the tracking
     store's failure, and the credentials are not in it (flyscale moved them out of the URI into

@@ -24,6 +24,7 @@ def test_digits_loads_without_network(digits):
     assert frame.shape == (1797, 65) and info.num_classes == 10 and info.input_shape == [1, 8, 8]
 
 
+@pytest.mark.slow
 def test_digits_are_scikit_learns_rows_read_without_importing_it(digits):
     """flyscale reads the file scikit-learn ships (its import costs a run 2-3 s): the same rows."""
     import subprocess

@@ -58,6 +58,7 @@ def _reference() -> dict[str, torch.Tensor]:
 @pytest.mark.timeout(180)
 # Many tiny buckets, one bucket, and gradient accumulation (2 micro-batches under no_sync).
 @pytest.mark.parametrize("bucket_cap_mb, accum", [(0.001, 1), (25.0, 1), (25.0, 2)])
+@pytest.mark.slow
 def test_ddp_world2_matches_single_process_with_double_batch(bucket_cap_mb, accum):
     (state0, epochs0), (state1, _) = run_on_ranks(_train_ddp, 2, bucket_cap_mb, accum)
     reference = _reference()
@@ -81,6 +82,7 @@ def _uneven(world_rows: int):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_uneven_shards_do_not_hang():
     # 2 * B * STEPS + 1 rows: one rank would have a batch more than the other without padding.
     # One epoch each; with time_comm off no all-reduce is timed.
@@ -102,6 +104,7 @@ def _diagnosis_on_the_digits_mlp() -> tuple[str, float]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_workers_that_mostly_communicate_are_told_so_with_the_knobs():
     (diagnosis, fraction), _ = run_on_ranks(_diagnosis_on_the_digits_mlp, 2, timeout=90)
     assert fraction >= 0.25, fraction

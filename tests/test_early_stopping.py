@@ -131,6 +131,7 @@ def _fsdp_rank(root: str):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_sharded_ranks_stop_together_and_rank_zero_gathers_the_best_epoch(tmp_path, world):
     """fsdp on 2 and 3 ranks: each keeps its own shards of the best epoch (checkpointed through
     DCP), every rank stops at the same epoch, and the model rank 0 gathers is the best epoch's."""

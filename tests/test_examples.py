@@ -250,6 +250,7 @@ def test_documents_that_are_not_utf8_or_are_empty_are_quarantined():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_the_image_preset_trains_under_pyflyte_run(tmp_path, mlflow_server):
     small = '{"data": {"options": {"rows": 1500, "size": 16, "chunk_rows": 500}}, "train": {"epochs": 4}, "mlflow": {"model_name": "shapes-e2e"}}'
     preset = str(REPO / "configs/images-cnn.yaml")

@@ -56,6 +56,7 @@ def _wrapped(tmp_path, how: str, **popen) -> subprocess.Popen:
 @pytest.mark.timeout(240)
 # Success (0), and a worker without rank 0 (IgnoreOutputs, also 0): tests/test_operator_sim.py.
 @pytest.mark.parametrize("how, code", [("bug", exit_codes.PERMANENT), ("killed", exit_codes.RETRYABLE)])
+@pytest.mark.slow
 def test_the_wrapper_exits_by_the_pytorchjob_convention(tmp_path, how, code):
     proc = _wrapped(tmp_path, how)
     out, _ = proc.communicate(timeout=200)
@@ -63,6 +64,7 @@ def test_the_wrapper_exits_by_the_pytorchjob_convention(tmp_path, how, code):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_terminated_pod_exits_retryable(tmp_path):
     """The kubelet's SIGTERM (a preempted node) reaches the task, and the pod exits 128 + 15."""
     proc = _wrapped(tmp_path, "hang", start_new_session=True)

@@ -41,6 +41,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.slow
 def test_each_built_in_model_exports_and_answers_as_pytorch_at_any_batch_size(name, tmp_path):
     info, options, x, objective_name = CASES[name]
     torch.manual_seed(0)

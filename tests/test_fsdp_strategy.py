@@ -102,6 +102,7 @@ def trained():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_fsdp_at_world_size_2_matches_one_process_with_the_doubled_batch(trained):
     (state, _, train_loss, _), _ = trained
     reference, losses = _reference(CFG, 2 * B * STEPS, 2 * B)
@@ -114,6 +115,7 @@ def test_fsdp_at_world_size_2_matches_one_process_with_the_doubled_batch(trained
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(trained):
     (_, state_mb, _, _), _ = trained
     model = meta.materialise(_gpt(), "cpu", CFG.seed)
@@ -126,6 +128,7 @@ def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(tr
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_all_gathers_and_reduce_scatters_are_timed_and_a_communication_bound_run_is_told_its_knobs(trained):
     """A tiny GPT on gloo: the collectives are in flight for much of each step (never longer than
     it), and the run's diagnosis names them and fsdp's own knobs."""
@@ -175,6 +178,7 @@ def uninterrupted_two_epochs():
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+@pytest.mark.slow
 def test_a_killed_fsdp_run_resumes_from_its_sharded_checkpoint_to_the_same_weights(
     uninterrupted_two_epochs, tmp_path, asynchronous
 ):
@@ -222,6 +226,7 @@ def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int, strate
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy, world", [("fsdp", 1), ("fsdp", 3), ("ddp", 1)])
+@pytest.mark.slow
 def test_a_checkpoint_of_two_workers_resumes_resharded_on_one_or_three(tmp_path, strategy, world):
     """Global batch 12 (6 a worker on 2); 4 steps an epoch, 2 epochs; killed after step 3, mid-epoch.
     Resumed on `world` workers the run keeps the global batch and the epoch's rows, and ends

@@ -41,6 +41,7 @@ def run_check(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
 
 
 @no_cuda
+@pytest.mark.slow
 def test_without_a_gpu_it_says_it_skipped_and_exits_0(tmp_path):
     out = tmp_path / "skip.json"
     proc = run_check("--out", str(out))
@@ -77,6 +78,7 @@ def cpu_run(tmp_path_factory):
     return proc, json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_fsdp_shards_the_mlp_over_the_one_rank_group_in_fp32_and_bf16(tmp_path):
     """fsdp's bf16 is FSDP2's mixed-precision policy: parameters gathered and computed in bf16."""
     out = tmp_path / "fsdp.json"
@@ -89,6 +91,7 @@ def test_fsdp_shards_the_mlp_over_the_one_rank_group_in_fp32_and_bf16(tmp_path):
     assert "FSDP2's policy" in runs["fp16"]["reason"]
 
 
+@pytest.mark.slow
 def test_cpu_gloo_run_trains_both_models_in_fp32_and_bf16(cpu_run):
     proc, summary = cpu_run
     assert summary["status"] == "ok" and summary["environment"]["backend"] == "gloo"
@@ -101,6 +104,7 @@ def test_cpu_gloo_run_trains_both_models_in_fp32_and_bf16(cpu_run):
         assert f"{model:<4} ddp   {precision:<5}" in proc.stdout and "samples/s" in proc.stdout
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_is_reported_as_cuda_only_not_faked(cpu_run):
     proc, summary = cpu_run
     fp16 = [r for r in summary["runs"] if r["precision"] == "fp16"]

@@ -97,16 +97,19 @@ def _assert_matches(result, model_options: dict, cfg: TrainConfig) -> None:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_dp_by_tp_on_4_ranks_matches_one_process_with_the_global_batch(dp_tp):
     _assert_matches(dp_tp, TIED, TP_CFG)
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_dp_by_pp_on_4_ranks_matches_one_process_with_the_global_batch(dp_pp):
     _assert_matches(dp_pp, UNTIED, CFG)
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_each_rank_holds_about_a_quarter_of_the_state_under_fsdp_on_both_meshes(dp_tp, dp_pp):
     for result in (dp_tp, dp_pp):  # their data-parallel collectives are timed, as fsdp's are
         assert 0 < result[0][2].grad_comm_fraction <= 1.0, result[0][2]
@@ -139,6 +142,7 @@ def _mlp_rank(cfg: TrainConfig, options: HybridOptions):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_replicated_data_parallelism_with_the_configs_tp_plan_matches_one_process():
     options = HybridOptions(mesh={"dp": DP, "tp": 2}, data_parallel="replicate", tp_plan=MLP_PLAN)
     state = run_on_ranks(_mlp_rank, 4, TP_CFG, options, timeout=200)[0]
@@ -197,6 +201,7 @@ def _resumable_rank(root: str, die_at: int):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_killed_dp_by_pp_run_resumes_from_its_sharded_checkpoint_to_the_same_weights(dp_pp, tmp_path):
     """Killed after the checkpoint of step 2 of 4: each of the 4 ranks wrote its own piece of its
     stage, and the run resumed on the same mesh ends with the uninterrupted run's weights."""

@@ -79,6 +79,7 @@ def _rank(root: str, signalled: int, at_step: int, vote_every_s: float, step_sle
         (3, 0.0, 0.0),  # a vote every step: the stop comes right after the step the signal arrived in
     ],
 )
+@pytest.mark.slow
 def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step_with_one_checkpoint(
     tmp_path, world, vote_every_s, step_sleep_s
 ):
@@ -118,6 +119,7 @@ def test_one_process_votes_alone_and_its_gap_follows_the_step_time():
     assert vote.step_seconds > 0 and vote.due(11 + interrupt.MOST_STEPS_BETWEEN_VOTES)
 
 
+@pytest.mark.slow
 def test_the_automatic_interval_writes_checkpoints_by_time_as_the_votes_find_them_due(tmp_path, monkeypatch):
     """One process, the interval's floor lowered to half a second and steps of 20 ms or more:
     checkpoints come by time, half a second apart or more (the vote is what finds them due), the

@@ -72,6 +72,7 @@ def _ddp_rank(cfg: TrainConfig):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_gpt_under_ddp_at_world_size_2_matches_one_process_with_the_doubled_batch():
     cfg = TrainConfig(epochs=1, batch_size=B, lr=1e-2, seed=3)
     (state0, val0), (state1, _) = run_on_ranks(_ddp_rank, 2, cfg)
@@ -95,6 +96,7 @@ def _pipeline_rank(cfg: TrainConfig, options: PipelineOptions):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_an_untied_gpt_in_two_pipeline_stages_matches_one_process():
     cfg = TrainConfig(strategy="pipeline", epochs=1, batch_size=B, lr=1e-2, seed=3)
     options = PipelineOptions(schedule="1f1b", microbatches=2)

@@ -119,6 +119,7 @@ def _outputs_on_rank(elastic_agent: bool):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_only_rank_zero_returns_outputs_under_both_launchers():
     assert run_on_ranks(_outputs_on_rank, 2, True) == ["weights from rank 0", None]
     assert run_on_ranks(_outputs_on_rank, 2, False) == ["weights from rank 0", "IgnoreOutputs"]

@@ -120,6 +120,7 @@ def _literal_types(project: Path, cache: Path) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_dataclasss_flyte_type_is_built_once_and_follows_its_code(tmp_path):
     project = _project_copy(tmp_path / "project")
     cache = tmp_path / "memo"

@@ -223,6 +223,7 @@ def _elastic_pods(i: int, rdzv: str) -> dict[str, str]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp_path, s3, moto_endpoint, monkeypatch):
     client, bucket = s3
     prefix = f"s3://{bucket}/job"
@@ -248,6 +249,7 @@ def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_a_classic_pytorchjob_master_and_worker_train_fsdp_and_the_master_writes_the_outputs(
     tmp_path, s3, moto_endpoint, monkeypatch
 ):
@@ -279,6 +281,7 @@ def test_a_classic_pytorchjob_master_and_worker_train_fsdp_and_the_master_writes
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_two_pods_with_checkpoint_directories_of_their_own_are_refused_before_training(
     tmp_path, s3, moto_endpoint, monkeypatch
 ):

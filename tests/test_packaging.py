@@ -73,6 +73,7 @@ def test_the_wheel_installs_no_generic_top_level_name(wheel):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_installed_wheel_works_outside_the_repository(wheel, tmp_path):
     site = tmp_path / "site"
     _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)])
@@ -89,6 +90,7 @@ def test_the_installed_wheel_works_outside_the_repository(wheel, tmp_path):
     assert "datasets       digits" in listing and listing.rstrip().endswith(", 0 broken"), listing
 
 
+@pytest.mark.slow
 def test_flyscale_plugins_runs_from_any_directory(tmp_path):
     """The console script, as a user with the venv active types it, from outside the checkout."""
     proc = _run([str(BIN / "flyscale"), "plugins", "--kind", "models"], cwd=tmp_path)
@@ -215,6 +217,7 @@ def _execute(image: tuple[Path, Path], args: list[str], scratch: Path, fast_tarb
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_task_runs_in_the_image_without_fast_registration(image, tmp_path):
     specs = _package(REPO, tmp_path / "pkg.tgz")
     args = list(specs["tasks.data.load_data"].template.container.args)
@@ -224,6 +227,7 @@ def test_a_task_runs_in_the_image_without_fast_registration(image, tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_fast_registration_refreshes_core_built_ins_and_tasks_together(image, tmp_path):
     """New code in the fast-registered tarball replaces the image's, built-in plugins included
     (an installed copy of them beside fresh core code would be a version skew)."""
@@ -239,6 +243,7 @@ def test_fast_registration_refreshes_core_built_ins_and_tasks_together(image, tm
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_lock_installs_from_the_public_index_alone(tmp_path):
     """What `make install` asks of a user's machine: every pin of requirements.lock resolves on
     PyPI with pip's own defaults (no configuration file, no local wheel folder). torch is pinned

@@ -160,6 +160,7 @@ def _train(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: Pipelin
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+@pytest.mark.slow
 def test_one_step_matches_single_process_for_both_schedules(tmp_path):
     x, y = _batch(16)
     ref = _mlp()
@@ -187,6 +188,7 @@ def test_one_step_matches_single_process_for_both_schedules(tmp_path):
 # With clipping the update depends on the norm of the WHOLE model's gradient, though each rank
 # holds one stage: per-stage clipping would fail this comparison.
 @pytest.mark.parametrize("clip", [0.0, 0.05], ids=["no-clip", "global-clip"])
+@pytest.mark.slow
 def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
     data = _toy_data()  # 72 rows: 4 full batches of 16 per epoch, the partial one is dropped
     cfg = TrainConfig(
@@ -214,6 +216,7 @@ def test_training_matches_single_process_weights_and_metrics(tmp_path, clip):
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+@pytest.mark.slow
 def test_interleaved_1f1b_runs_two_stages_a_rank_and_trains_as_one_process(tmp_path):
     """Four stages on two ranks (rank 0 runs stages 0 and 2, rank 1 stages 1 and 3), torch's
     interleaved 1F1B schedule: the same weights, losses and validation as one process, with
@@ -239,6 +242,7 @@ def test_interleaved_1f1b_runs_two_stages_a_rank_and_trains_as_one_process(tmp_p
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+@pytest.mark.slow
 def test_meta_built_stages_hold_only_their_layers_and_train_as_one_process(tmp_path):
     """Built on the meta device, each rank materialises only its stage: it never holds the other
     stage's layers, its parameters, gradients and AdamW state are at most 0.6x the whole model's,
@@ -295,6 +299,7 @@ def test_materialised_layers_do_not_depend_on_which_others_are():
 
 
 @pytest.mark.timeout(150)  # spawned gloo workers on a shared 2-core machine
+@pytest.mark.slow
 def test_twenty_fresh_pipelines_run_without_hanging(tmp_path):
     x, y = _batch(8)
     with torch.no_grad():
@@ -370,6 +375,7 @@ def test_bad_options_name_the_field_and_alternatives():
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_two_stages_learn_digits_and_rank0_returns_the_complete_model(tmp_path):
     from flyscale_plugins.datasets import digits
 

@@ -99,6 +99,7 @@ CORRECT = [
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_correct_setups_pass_with_matching_losses():
     rank0, rank1 = run_on_ranks(_preflight_on_rank, 2, CORRECT)
     assert rank1 == [(None, None)] * len(CORRECT)  # only rank 0 compares and reports
@@ -114,6 +115,7 @@ def test_correct_setups_pass_with_matching_losses():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_broken_setups_fail_fast_with_the_numbers():
     faults = sorted(BROKEN)
     rank0, _ = run_on_ranks(_preflight_on_rank, 2, [(f, dict(batch_size=32, scale_lr=True)) for f in faults])

@@ -77,6 +77,7 @@ def cnn(digits):
 
 
 @pytest.mark.parametrize("which,name", [("mlp", "dynamic_int8"), ("mlp", "static_int8"), ("cnn", "static_int8")])
+@pytest.mark.slow
 def test_onnx_runtime_int8_of_the_export_costs_little_accuracy(which, name, request, digits, tmp_path):
     model, _ = request.getfixturevalue(which)
     d, (x, y), info = digits

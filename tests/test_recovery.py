@@ -102,6 +102,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("strategy", ["ddp", "pipeline", "fsdp"])
+@pytest.mark.slow
 def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, strategy, uninterrupted):
     """Both kinds of restart in one run, as a spot node sees them: a worker dies and torch-elastic
     restarts the group (from the local directory); then the whole attempt is preempted and Flyte
@@ -149,6 +150,7 @@ def test_a_killed_worker_then_a_preempted_attempt_both_resume_exactly(tmp_path, 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_second_run_of_one_training_keeps_its_checkpoints_apart(tmp_path, uninterrupted):
     """Two runs of the same training at once (one key: config, data, launcher), under one base:
     the first holds the training's directory while it trains, the second takes its own. Each is
@@ -186,6 +188,7 @@ def test_a_second_run_of_one_training_keeps_its_checkpoints_apart(tmp_path, unin
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_stopped_worker_fails_the_run_naming_it_instead_of_hanging(tmp_path):
     proc = _launch(tmp_path, "ddp", 0, env={"FLYSCALE_TEST_TIMEOUT_S": "5"})
     _wait_for(lambda: _newest_step(tmp_path / "ckpt") >= EVERY, proc, tmp_path)
@@ -205,6 +208,7 @@ def test_a_stopped_worker_fails_the_run_naming_it_instead_of_hanging(tmp_path):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_worker_killed_by_a_signal_is_retryable_and_a_bug_is_not():
     """Through flytekit's own Elastic task: torch-elastic's ChildFailedError, wrapped by flytekit
     as a non-retryable user error, is turned into a FlyteRecoverableException only for a signal."""
@@ -377,6 +381,7 @@ def test_resume_from_names_a_checkpoint_explicitly(tmp_path):
         Checkpointer(tmp_path / "x", resume_from=str(tmp_path / "nowhere")).restore(_state(), DistContext(), "ddp")
 
 
+@pytest.mark.slow
 def test_flyscale_checkpoints_lists_the_runs_left_behind_and_prunes_the_old_ones(tmp_path):
     base = tmp_path / "base"
     old, recent = run_directory(str(base), "a"), run_directory(str(base), "b")

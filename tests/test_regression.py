@@ -274,6 +274,7 @@ def test_a_language_models_run_draws_only_its_learning_curves_and_latency(tmp_pa
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_the_diabetes_preset_passes_its_r2_gate_and_serves_predictions_in_the_targets_units(tmp_path, mlflow_server):
     import mlflow
 

@@ -108,6 +108,7 @@ def _tasks(specs: dict[str, object]) -> dict[str, TaskSpec]:
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_multi_node_training_serialises_as_pytorchjob(packaged):
     specs = packaged["three nodes"]
     train = specs["tasks.train.train_model"].template
@@ -147,6 +148,7 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_typed_examples_are_prepared_by_a_map_task_over_their_shards(packaged):
     """On a cluster each shard of images or text is its own pod: an array node over the shard
     list, the config, the pinned info and the fingerprint bound, not mapped."""
@@ -160,6 +162,7 @@ def test_typed_examples_are_prepared_by_a_map_task_over_their_shards(packaged):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_the_nightly_launch_plan_is_scheduled_skips_overlaps_and_alerts(packaged):
     plan = packaged["one node"]["launch plan nightly_retraining"]
     assert plan.spec.entity_metadata.schedule.cron_schedule.schedule == "0 2 * * *"
@@ -182,6 +185,7 @@ def test_the_nightly_launch_plan_is_scheduled_skips_overlaps_and_alerts(packaged
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_an_unpinned_image_is_refused_with_the_way_to_pin_it(tmp_path, monkeypatch):
     proc = _pyflyte_package(tmp_path, "ghcr.io/acme/flyscale:1.2")
     assert proc.returncode != 0
@@ -195,6 +199,7 @@ def test_an_unpinned_image_is_refused_with_the_way_to_pin_it(tmp_path, monkeypat
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_registered_cache_versions_carry_the_launcher(packaged):
     """What a cluster caches on: the training tasks' versions differ with the launcher, the others do not."""
     one = _tasks(packaged["one node"])
@@ -216,6 +221,7 @@ def test_registered_cache_versions_carry_the_launcher(packaged):
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.slow
 def test_single_node_training_is_a_plain_pod(packaged):
     train = packaged["one node"]["tasks.train.train_model"].template
     assert train.type == "python-task"  # single-node elastic needs no training operator
@@ -234,6 +240,7 @@ def test_multi_node_setting_run_locally_does_not_hang():
     assert two_nodes(n=41) == 42
 
 
+@pytest.mark.slow
 def test_only_the_tasks_that_talk_to_mlflow_are_given_its_user(packaged):
     """The pipeline's MLflow user is a Flyte secret that registration, the gate and training
     request, mounted as files; a task that only moves data is not given it."""

@@ -118,6 +118,7 @@ def _train_pruned() -> tuple[list[int], str]:
 # waiting in a collective rank 0 never entered.
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.slow
 def test_a_pruned_trial_stops_training_there_on_every_rank_and_says_why(world):
     for epochs, stopping in run_on_ranks(_train_pruned, world, timeout=90):
         assert epochs == [0, 1]

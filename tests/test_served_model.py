@@ -96,6 +96,7 @@ def _saved(case: str, tmp_path: Path, limits: dict | None = None) -> tuple[Path,
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_the_registered_model_answers_as_pytorch_without_torch_or_flyscale(case, tmp_path, serving_envs):
     target, files = _saved(case, tmp_path)
     requirements = (target / "requirements.txt").read_text()
@@ -156,6 +157,7 @@ with zipfile.ZipFile(sys.argv[1] + ".tmp") as src, zipfile.ZipFile(sys.argv[1], 
 TORCH_LOADS = "import sys, torch\ntry:\n    torch.export.load(sys.argv[1])\nexcept Exception:\n    pass\n"
 
 
+@pytest.mark.slow
 def test_a_version_served_from_a_torch_export_program_is_refused_before_anything_is_unpickled(tmp_path):
     """An older flyscale registered a model ONNX could not take as a .pt2 program; loading one
     would run the pickle planted in it. The served model refuses it, naming why, and nothing runs."""
@@ -340,6 +342,7 @@ def test_the_language_model_refuses_bad_params_prompts_that_are_not_text_and_pro
         assert status == 400 and message in said and "\n" not in said, said
 
 
+@pytest.mark.slow
 def test_requests_past_the_limits_written_into_the_model_are_400s_naming_the_config_field(tmp_path):
     """The serving section's limits travel in the model (its serving JSON): too many rows or
     prompts, a prompt too long, too many new tokens, and a generation past its time budget are

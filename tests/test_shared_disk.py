@@ -54,6 +54,7 @@ def _claim(tmp: str) -> dict:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_ranks_on_separate_disks_are_refused_together_before_training_naming_what_to_mount(tmp_path):
     rank0, rank1 = run_on_ranks(_claim, 2, str(tmp_path), timeout=120)
     for rank in (rank0, rank1):
@@ -126,6 +127,7 @@ def _checkpoints(tmp: str) -> dict:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_shared_volume_checkpoints_and_resumes_and_a_checkpoint_one_rank_cannot_see_fails_on_every_rank(tmp_path):
     rank0, rank1 = run_on_ranks(_checkpoints, 2, str(tmp_path), timeout=120)
     step = f"{tmp_path}/volume/run-k/step-000000005"

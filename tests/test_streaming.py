@@ -107,6 +107,7 @@ def _train_streamed(root: str) -> dict:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_ddp_trains_on_streamed_shards_across_real_processes(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4000, 2)).astype("float32")

@@ -122,6 +122,7 @@ def _cfg(path: str, fmt: str, declared: bool, **extra) -> DataConfig:
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "inferred"])
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 @pytest.mark.parametrize("kind", list(ROW_LEVEL))
+@pytest.mark.slow
 def test_row_level_failures_are_quarantined_with_file_row_and_reason(place, fmt, declared, kind):
     root, put = place
     spoil, check = ROW_LEVEL[kind]
@@ -255,6 +256,7 @@ def test_wrong_credentials_are_an_access_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_failing_s3_is_retried_then_recoverable(s3, monkeypatch):
     """503 on every request (a proxy in front of moto): retried by the AWS SDK, then a
     Flyte-recoverable error so Flyte's task retries apply."""

@@ -44,6 +44,7 @@ def _split(path: str) -> np.ndarray:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_the_shipped_corpus_is_split_by_document_then_tokenized_and_packed_under_pyflyte_run(tmp_path, topics):
     corpus = '{"data": {"dataset": "python_docs"}, "tokenize": {"seq_len": 64}}'
     byte = run_pipeline(tmp_path, "--cfg", corpus, target=PREPARE)

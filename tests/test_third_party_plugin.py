@@ -73,6 +73,7 @@ def _python(site: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_flyscale_plugins_shows_third_party_and_broken_plugins(site):
     proc = _python(site, "-m", "flyscale.cli", "plugins")
     assert proc.returncode == 0, proc.stderr  # a broken plugin is reported, not fatal
@@ -183,6 +184,7 @@ def validated(site) -> list[list[str]]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{k}-{n}-{o}" for k, n, o, _ in CASES])
+@pytest.mark.slow
 def test_config_validation_with_third_party_plugins(validated, case):
     expected = CASES[case][3]
     verdict = validated[case]
@@ -195,6 +197,7 @@ def test_config_validation_with_third_party_plugins(validated, case):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path, serving_envs):
     """THE end-to-end: a YAML preset picks Acme's tabular dataset, model and gate, none of which
     imports flyscale or returns flyscale's types; pyflyte runs every stage."""
@@ -267,6 +270,7 @@ def test_pipeline_runs_with_plugins_selected_by_name(site, tmp_path, serving_env
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_plugin_of_the_wrong_shape_is_refused_before_any_task_starts(site, tmp_path):
     preset = tmp_path / "wrong.yaml"
     preset.write_text(yaml.safe_dump({"model": {"name": "acme_no_build"}}))
@@ -300,6 +304,7 @@ def test_plugin_of_the_wrong_shape_is_refused_before_any_task_starts(site, tmp_p
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_model_its_strategy_cannot_train_is_refused_before_any_data_work(site, tmp_path, model, message):
     """A plugin's model the pipeline strategy cannot cut, or cannot keep right, fails in the check
     that runs first: no data read, nothing trained; the failed run is kept in MLflow."""
@@ -337,6 +342,7 @@ print(model)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_plugins_written_against_flyscale_api_work_too(site):
     proc = _python(site, "-c", TYPED_USE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -353,6 +359,7 @@ def test_plugins_written_against_flyscale_api_work_too(site):
         ("acme_gated", "torch", "  onnx        not exported: the Gated could not be exported to ONNX", "FlyscaleModel"),
     ],
 )
+@pytest.mark.slow
 def test_a_model_onnx_cannot_take_fails_its_export_or_registers_as_configured(
     site, tmp_path, model, fallback, onnx_line, served
 ):

@@ -263,6 +263,7 @@ def _peak_before_and_after_training() -> tuple[float, float]:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_peak_memory_tracks_what_training_allocates():
     """The metric is the process's peak resident memory: a step that touches 300 MB raises it by as much.
     (In a fresh process: the suite's own history would hide the rise in a peak.)"""

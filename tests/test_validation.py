@@ -209,6 +209,7 @@ print(found)
 """
 
 
+@pytest.mark.slow
 def test_the_promised_invariants_are_real_errors_that_python_O_keeps():
     """Rows conserved by validation, splits disjoint: checked by errors, not asserts, so that
     `python -O` (which strips every assert) still stops a run that broke them."""

@@ -82,6 +82,7 @@ def _sharded_and_staged(start: str):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_sharded_and_pipelined_ranks_each_load_their_part_of_the_weights(start):
     """fsdp (each rank its shards) and the pipeline (each rank its stage) on 2 ranks: the model rank
     0 assembles at the end is the starting one."""
@@ -100,6 +101,7 @@ def _tensor_parallel(start: str):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_two_dimensional_mesh_loads_its_slices_of_the_weights(start):
     _assert_started_from(run_on_ranks(_tensor_parallel, 4, str(start), timeout=200)[0], start)
 
