@@ -227,11 +227,13 @@ def _documents(
         where = f"line {p.line}" if end is None else f"byte {p.offset}"  # a range's lines are not counted
         if p.data is None:
             yield None, where, _too_long("a line" if pieces is text_files.lines else "a paragraph", p.size, cap)
-        elif kind == "jsonl" and p.data.strip():
+        elif not p.data.strip():
+            continue  # a blank line separates documents; it is none itself
+        elif kind == "jsonl":
             yield _jsonl_document(p.data, field, where)
-        elif kind == "txt" and options.document == "line" and p.data.strip():
+        elif options.document == "line":
             yield p.data.removesuffix(b"\r"), where, None
-        elif kind == "txt" and options.document == "paragraph" and p.data.strip():
+        else:
             yield p.data, where, None
 
 

@@ -42,11 +42,13 @@ mirror from a thread of its own. The files, their manifest and their checks are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,7 +219,7 @@ class Checkpointer:
             "grad_accum_steps": self.grad_accum_steps,
         }
         state_dir = partial / STATE
-        try:
+        with self._full_disk_said(position.step, partial, ctx):
             # Every rank enters both, whatever fails where: no rank is left alone in a collective.
             together(ctx, clear)  # the others write once rank 0 has emptied the directory
             everyone = together(ctx, write_mine)  # also: every rank has written its files
@@ -238,11 +240,6 @@ class Checkpointer:
                 dcp.save(state.sharded_state(), checkpoint_id=state_dir)
                 hashed = Future()
                 hashed.set_result(hash_state(state_dir, ctx.rank, STATE))
-        except Exception as exc:
-            full = self._disk_full(exc, position.step, partial, ctx)
-            if full is None:
-                raise
-            raise full from exc
         self._pending = _Pending(hashed, partial, final, manifest, ctx)
         if not self.asynchronous:
             self._commit_pending()
@@ -269,16 +266,11 @@ class Checkpointer:
         if pending is None:
             return None
         start = time.perf_counter()
-        try:
+        with self._full_disk_said(step_of(pending.final), pending.partial, pending.ctx):
             # Entered by every rank: a commit that fails on rank 0 (a full disk, the mirror's
             # upload before) stops every rank with its error, not the others in their next collective.
             hashes = together(pending.ctx, pending.hashed.result)
             together(pending.ctx, lambda: self._commit(pending, hashes))
-        except Exception as exc:
-            full = self._disk_full(exc, step_of(pending.final), pending.partial, pending.ctx)
-            if full is None:
-                raise
-            raise full from exc
         if self.asynchronous:  # a synchronous save's own clock counts it
             self.seconds_saving += time.perf_counter() - start
         return pending.final
@@ -302,15 +294,19 @@ class Checkpointer:
         if upload is not None:
             upload.result()
 
-    def _disk_full(self, exc: Exception, step: int, partial: Path, ctx: DistContext) -> Exception | None:
-        """Where a full disk failed the save: the error saying so in one line, naming the directory
+    @contextlib.contextmanager
+    def _full_disk_said(self, step: int, partial: Path, ctx: DistContext) -> Iterator[None]:
+        """Where a full disk fails the block: the error saying so in one line, naming the directory
         (what the save wrote is deleted, to free the space; the checkpoint before stands)."""
-        if not is_disk_full(exc):
-            return None
-        if ctx.is_main:
-            shutil.rmtree(partial, ignore_errors=True)
-        done = complete_checkpoints(self.root)
-        return disk_full(self.root, step, done[-1] if done else None)
+        try:
+            yield
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            if ctx.is_main:
+                shutil.rmtree(partial, ignore_errors=True)
+            done = complete_checkpoints(self.root)
+            raise disk_full(self.root, step, done[-1] if done else None) from exc
 
     def _writer_group(self, ctx: DistContext) -> Any:
         """A gloo group of its own for the background writes: their collectives must not

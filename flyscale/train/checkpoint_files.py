@@ -69,16 +69,6 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_files(paths: Iterable[Path]) -> None:
-    """Make the bytes of every file in `paths` durable (a no-op for those already synced)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def write_bytes(data: bytes, path: Path) -> dict[str, Any]:
     """Write `data` to `path` durably through a temporary name; its size and sha256, hashed from
     memory here rather than read back later."""
