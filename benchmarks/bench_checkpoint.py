@@ -24,6 +24,7 @@ import torch
 from benchmarks.common import digits_x3
 from flyscale.config import ModelConfig, RecoveryConfig, TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.checkpoint import AUTO_LEAST_S, AUTO_MOST_S, Checkpointer
 from flyscale.train.distributed import DistContext
 from flyscale.train.loop import Hooks
@@ -48,9 +49,9 @@ def _train(
     model = build_model(model_cfg, info)
     start = time.perf_counter()
     if checkpointer is None:
-        ddp(model, data, cfg, DistContext(), DDPOptions())
+        trainer.train(ddp, model, data, cfg, DistContext(), DDPOptions())
         return time.perf_counter() - start, 0, 0.0
-    ddp(model, data, cfg, DistContext(), DDPOptions(), Hooks(checkpointer=checkpointer))
+    trainer.train(ddp, model, data, cfg, DistContext(), DDPOptions(), Hooks(checkpointer=checkpointer))
     return time.perf_counter() - start, len(checkpointer.saved), checkpointer.seconds_saving
 
 

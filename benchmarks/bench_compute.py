@@ -29,6 +29,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from benchmarks.common import synthetic
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.distributed import DistContext
 from flyscale.train.step import make_optimizer
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -100,8 +101,8 @@ def layer_gemm_gflops(batch: int, repeats: int = 10) -> tuple[float, float]:
 def training_seconds(batch: int, rows: int, epochs: int = 5) -> list[float]:
     """flyscale's trainer on the wide MLP: the seconds of each epoch after the first."""
     data, info = synthetic(FEATURES, rows, CLASSES, val_rows=batch)
-    result = ddp(
-        wide_mlp(info), data, TrainConfig(epochs=epochs, batch_size=batch, seed=0), DistContext(), DDPOptions()
+    result = trainer.train(
+        ddp, wide_mlp(info), data, TrainConfig(epochs=epochs, batch_size=batch, seed=0), DistContext(), DDPOptions()
     )
     return [m.seconds for m in result.history.epochs[1:]]  # epoch 0 warms the allocator
 

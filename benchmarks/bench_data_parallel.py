@@ -22,6 +22,7 @@ from benchmarks.bench_compute import BATCHES, CLASSES, FEATURES, HIDDEN, JUDGED
 from benchmarks.common import on_ranks, synthetic
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
@@ -40,7 +41,7 @@ def _samples_per_s(ctx: DistContext, features: int, hidden: list[int], per_worke
     torch.manual_seed(0)
     model = build_model(ModelConfig(name="mlp", options={"hidden": hidden, "dropout": 0.0}), info)
     cfg = TrainConfig(epochs=EPOCHS, batch_size=per_worker_batch, seed=0)
-    history = ddp(model, data, cfg, ctx, DDPOptions()).history
+    history = trainer.train(ddp, model, data, cfg, ctx, DDPOptions()).history
     return [m.samples_per_s for m in history.epochs[1:]]
 
 

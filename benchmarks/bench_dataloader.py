@@ -18,8 +18,8 @@ from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
 from flyscale.train.batches import make_loader
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import fit
 from flyscale.train.step import make_optimizer, standard_step
+from flyscale.train.trainer import fit
 
 READ_LATENCY_S = 0.0002
 ROWS = 2048

@@ -18,10 +18,11 @@ from torch.utils.data import TensorDataset
 from benchmarks.common import MODELS, digits_x3, interleaved, report
 from flyscale.config import TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.batches import make_loader
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import fit
 from flyscale.train.step import make_optimizer, standard_step
+from flyscale.train.trainer import fit
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 from flyscale_plugins.strategies.ddp import wrap as wrap_ddp
 
@@ -45,7 +46,7 @@ def _epochs(wrap: bool, d, info, model_cfg, cfg) -> list[float]:
 
 def _strategy_epochs(d, info, model_cfg, cfg) -> list[float]:
     torch.manual_seed(0)
-    result = ddp(build_model(model_cfg, info), d, cfg, DistContext(), DDPOptions())
+    result = trainer.train(ddp, build_model(model_cfg, info), d, cfg, DistContext(), DDPOptions())
     return [m.seconds for m in result.history.epochs[1:]]
 
 

@@ -19,6 +19,7 @@ from flyscale.api import DatasetInfo, FieldSpec
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
 from flyscale.plugin import registry
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -53,7 +54,9 @@ def _train(ctx: DistContext, name: str) -> tuple[list[float], list[float]]:
     cfg = TrainConfig(strategy=name, epochs=EPOCHS, batch_size=BATCH, seed=0)
     model = build_model(ModelConfig(name="gpt", options=GPT), INFO, meta=name == "fsdp")
     run = (
-        fsdp(model, _data(), cfg, ctx, FSDPOptions()) if name == "fsdp" else ddp(model, _data(), cfg, ctx, DDPOptions())
+        trainer.train(fsdp, model, _data(), cfg, ctx, FSDPOptions())
+        if name == "fsdp"
+        else trainer.train(ddp, model, _data(), cfg, ctx, DDPOptions())
     )
     return [m.samples_per_s for m in run.history.epochs[1:]], run.history.state_mb
 

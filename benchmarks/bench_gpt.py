@@ -51,6 +51,7 @@ from flyscale.config import ModelConfig, TrainConfig
 from flyscale.data.text import ByteTokenizer
 from flyscale.model import build_model
 from flyscale.plugin import registry
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -100,7 +101,7 @@ def flyscale_steps(model: nn.Module, x_train: torch.Tensor, x_val: torch.Tensor,
     lm = registry.objectives.get("language_modeling")
     none = torch.zeros(len(x_train), dtype=torch.long)  # no labels: the objective scores the tokens
     data = TrainData(x_train, none, x_val, none[: len(x_val)], objective=lm)
-    (epoch,) = ddp(model, data, cfg, DistContext(), DDPOptions()).history.epochs
+    (epoch,) = trainer.train(ddp, model, data, cfg, DistContext(), DDPOptions()).history.epochs
     return epoch.seconds / (len(x_train) // cfg.batch_size)
 
 

@@ -30,6 +30,7 @@ from torch import nn
 from benchmarks.common import on_ranks, synthetic
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.pipeline import (
     PipelineOptions,
@@ -52,7 +53,7 @@ def _state_mb(ctx: DistContext) -> list[float]:
     data, info = synthetic(FEATURES, 4 * BATCH)
     model = build_model(MODEL, info, meta=True)
     cfg = TrainConfig(strategy="pipeline", epochs=1, batch_size=BATCH, seed=0, options={"microbatches": 4})
-    return pipeline(model, data, cfg, ctx, cfg.plugin.options).history.state_mb
+    return trainer.train(pipeline, model, data, cfg, ctx, cfg.plugin.options).history.state_mb
 
 
 def _median_s(fn, repeats: int) -> float:

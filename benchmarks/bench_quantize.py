@@ -33,6 +33,7 @@ from flyscale.data.tensors import to_tensors
 from flyscale.evaluate.metrics import evaluate, state_dict_bytes
 from flyscale.evaluate.quantize import quantize, quantize_onnx
 from flyscale.export import onnx
+from flyscale.train import trainer
 from flyscale.train.batches import train_data
 from flyscale.train.distributed import DistContext
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -106,7 +107,9 @@ def main() -> None:
             inputs = {b: torch.randint(0, 257, (b, SEQ)) for b in BATCHES}
             calib = [torch.randint(0, 257, (8, SEQ)).numpy()]
         else:
-            fp32 = ddp(artifacts.build_model(model_cfg, info), d, cfg, DistContext(), DDPOptions()).model.eval()
+            fp32 = trainer.train(
+                ddp, artifacts.build_model(model_cfg, info), d, cfg, DistContext(), DDPOptions()
+            ).model.eval()
             inputs = {b: d.x_train[:b] if b <= len(d.x_train) else torch.randn(b, 64) for b in BATCHES}
             calib = [b.numpy() for b in calibration]
         path = onnx.export(fp32, inputs[64][:4], tmp / f"{label.split()[0]}.onnx")

@@ -25,9 +25,10 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 from benchmarks.common import MODELS, digits_x3, interleaved, paired_ratios, report
 from flyscale.config import TrainConfig
 from flyscale.model import build_model
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import _train_epoch
+from flyscale.train.loop import train_epoch
 from flyscale.train.step import standard_step
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 
@@ -92,7 +93,7 @@ def hand_written(model, d: TrainData, cfg: TrainConfig) -> list[float]:
 
 def ours(model, d: TrainData, cfg: TrainConfig) -> list[float]:
     """flyscale's trainer (the ddp strategy at world size 1), per-epoch training time."""
-    result = ddp(model, d, cfg, DistContext(), DDPOptions())
+    result = trainer.train(ddp, model, d, cfg, DistContext(), DDPOptions())
     return [m.seconds for m in result.history.epochs]
 
 
@@ -127,7 +128,7 @@ def per_step(model, d: TrainData, cfg: TrainConfig, steps: int = 100, rounds: in
     runs = {
         "plain": plain,
         "flyscale step": step_only,
-        "flyscale loop": lambda: _train_epoch(step, batches, DistContext(), None),
+        "flyscale loop": lambda: train_epoch(step, batches, DistContext(), None),
     }  # type: ignore[arg-type]
     best = dict.fromkeys(runs, float("inf"))
     order = random.Random(0)

@@ -57,7 +57,7 @@ from flyscale.config import PipelineConfig, from_dict
 from flyscale.data import source as data
 from flyscale.data.augment import augment
 from flyscale.data.split import split
-from flyscale.train import distributed, strategies
+from flyscale.train import distributed, strategies, trainer
 from flyscale.train.batches import TrainData, train_data
 from flyscale.train.distributed import DistContext
 from flyscale.train.loop import TrainingDiverged
@@ -211,7 +211,7 @@ def train_one(
         torch.cuda.reset_peak_memory_stats(ctx.device)
     start = time.perf_counter()
     try:
-        result = strategy(model, d, train_cfg, ctx, options)
+        result = trainer.train(strategy, model, d, train_cfg, ctx, options)
     except TrainingDiverged as exc:
         return {**row, "status": "failed", "reason": str(exc)}
     except ValueError as exc:

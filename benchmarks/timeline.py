@@ -65,7 +65,7 @@ def _timed(kind: str, name_of=lambda *a, **k: ""):
 def _install(workers_file: str) -> None:
     from flytekit.core import base_task
 
-    from flyscale.tracking import champion, live, publish, reference
+    from flyscale.tracking import champion, champion_reference, live, log_and_register
     from flyscale.train import distributed
 
     dispatch = base_task.PythonTask.dispatch_execute
@@ -86,9 +86,9 @@ def _install(workers_file: str) -> None:
     )(local)(self, *a, **k)
     # Patched where they are defined, before the tasks import them.
     for module, name in (
-        (reference, "read_reference"),
+        (champion_reference, "read_reference"),
         (champion, "read_baseline"),
-        (publish, "publish"),
+        (log_and_register, "publish"),
         (live, "close_failed_runs"),
     ):
         setattr(module, name, _timed("mlflow", lambda *a, _n=name, **k: _n)(getattr(module, name)))

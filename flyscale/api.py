@@ -7,10 +7,11 @@ across releases, whatever moves inside flyscale.
 
     from flyscale.api import DatasetInfo, GateVerdict, ModelPlugin
 
-A training strategy builds on the loop's own pieces, which are here too: `fit` (the epochs,
+A training strategy is a model transform: its `parallelize` returns a `Parallelized`, and it
+declares its `StrategyTraits`; `train` (the trainer) does the rest. A strategy of the older form,
+that trains by itself, builds on the loop's own pieces, which are here too: `fit` (the epochs,
 with checkpoints and live curves through the `Hooks` it is handed), `TrainState` (what a
-checkpoint holds), and `standard_step`, `make_optimizer` and `make_scheduler` (one step as the
-built-in strategies take it).
+checkpoint holds), and `standard_step`, `make_optimizer` and `make_scheduler`.
 """
 
 from flyscale.data.fields import input_example
@@ -33,13 +34,15 @@ from flyscale.plugin.contracts import (
     ObjectivePlugin,
     QuantizerPlugin,
     StrategyPlugin,
+    StrategyTraits,
     cost_name,
 )
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import Hooks, TrainResult, fit
+from flyscale.train.loop import Hooks, TrainResult
 from flyscale.train.state import TrainState
 from flyscale.train.step import make_optimizer, make_scheduler, standard_step
+from flyscale.train.trainer import Parallelized, fit, train
 
 __all__ = [
     "DatasetInfo",
@@ -54,6 +57,9 @@ __all__ = [
     "ModelPlugin",
     "AugmentationPlugin",
     "StrategyPlugin",
+    "StrategyTraits",
+    "Parallelized",
+    "train",
     "QuantizerPlugin",
     "GatePlugin",
     "ObjectivePlugin",

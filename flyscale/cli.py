@@ -87,7 +87,7 @@ def cmd_move(args: argparse.Namespace) -> int:
 
     from mlflow import MlflowClient
 
-    from flyscale.tracking import champion
+    from flyscale.tracking import promotion
     from flyscale.tracking import store as mlflow_store
 
     action = "rollback" if args.command == "rollback" else "promote"
@@ -100,7 +100,7 @@ def cmd_move(args: argparse.Namespace) -> int:
         print(f"flyscale {args.command}: {missing}", file=sys.stderr)
         return 2
     try:
-        note = champion.move_alias(MlflowClient(uri), args.model, args.alias, version, action, who, args.reason)
+        note = promotion.move_alias(MlflowClient(uri), args.model, args.alias, version, action, who, args.reason)
     except ValueError as exc:
         print(f"flyscale {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -134,13 +134,13 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 def _served_version(args: argparse.Namespace):
     """The registered version --model/--version (or --alias) names, downloaded: a
-    flyscale.serving.study.Target. ValueError (or MlflowException) when there is none."""
+    flyscale.serving.compare_servers.Target. ValueError (or MlflowException) when there is none."""
     import tempfile
     from pathlib import Path
 
     from mlflow import MlflowClient
 
-    from flyscale.serving import study
+    from flyscale.serving import compare_servers
     from flyscale.tracking.store import missing_local_store, tracking_uri
 
     uri = tracking_uri()
@@ -149,7 +149,7 @@ def _served_version(args: argparse.Namespace):
         raise ValueError(missing)
     version = str(args.version or MlflowClient(uri).get_model_version_by_alias(args.model, args.alias).version)
     folder = Path(tempfile.mkdtemp(prefix=f"flyscale-{args.command}-"))
-    return study.target(f"models:/{args.model}/{version}", args.model, version, folder)
+    return compare_servers.target(f"models:/{args.model}/{version}", args.model, version, folder)
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -158,7 +158,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
     from mlflow.exceptions import MlflowException
 
-    from flyscale.serving import servers, study
+    from flyscale.serving import compare_servers, servers
     from flyscale.serving.repository import Batching
 
     try:
@@ -166,15 +166,15 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         setups = [s.strip() for s in args.setups.split(",") if s.strip()]
         levels = [int(c) for c in args.levels.split(",")]
         batching = Batching(args.max_batch_size, args.max_delay_ms)
-        reports = study.run(t, setups, levels, args.requests, batching, Path(args.envs).expanduser())
+        reports = compare_servers.run(t, setups, levels, args.requests, batching, Path(args.envs).expanduser())
     except (MlflowException, ValueError, servers.ServerError) as exc:
         print(f"flyscale loadtest: {exc}", file=sys.stderr)
         return 2
     print(f"load test of {t.name} v{t.version}: {args.requests} requests a level, closed loop")
-    for line in study.lines(reports, args.target_qps, args.p99_ms):
+    for line in compare_servers.lines(reports, args.target_qps, args.p99_ms):
         print(f"  {line}")
     if not args.no_log:
-        run_id = study.log(reports, t, args.target_qps, args.p99_ms)
+        run_id = compare_servers.log(reports, t, args.target_qps, args.p99_ms)
         print(f"  mlflow run {run_id} (tagged on the version as flyscale.loadtest_run)")
     return 0
 

@@ -2,7 +2,7 @@
 
 `dynamic_int8` (the default) and `static_int8` quantize the exported ONNX model with ONNX
 Runtime's quantization tool, the path ONNX Runtime keeps supporting: the int8 model is then a
-file served exactly as the fp32 one is (flyscale/export/served.py), without torch.
+file served exactly as the fp32 one is (flyscale/export/onnx_pyfunc/), without torch.
 
 `torch_dynamic_int8` and `torch_static_int8` are torch.ao.quantization's eager and FX
 quantizers. torch deprecates torch.ao.quantization and will remove it; a model quantized that

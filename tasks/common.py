@@ -23,7 +23,7 @@ from flyscale.flyte.provenance import CacheReport, TaskRun
 from flyscale.plugin.contracts import DatasetInfo, FieldSpec, GateVerdict
 from flyscale.render.summary import RunSummary
 from flyscale.tracking import store as tracking_store
-from flyscale.tracking.publish import Registration
+from flyscale.tracking.log_and_register import Registration
 from flyscale.train.distributed import DistContext, configure_logging
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import EpochMetrics, TrainHistory

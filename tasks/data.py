@@ -30,8 +30,8 @@ from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
 from flyscale.render.data_summary import DataSummary
+from flyscale.tracking.champion_reference import read_reference as read_reference_of
 from flyscale.tracking.live import save_rejected
-from flyscale.tracking.reference import read_reference as read_reference_of
 from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.records import ModelCheck, ValidatedData
 

@@ -36,7 +36,7 @@ from flyscale.render import plots
 from flyscale.render.decks import evaluation_html
 from flyscale.tracking import kind, same_split
 from flyscale.tracking.champion import read_baseline
-from flyscale.tracking.reference import remeasure
+from flyscale.tracking.champion_reference import remeasure
 from flyscale.train import objective as objectives
 from flyscale.train.telemetry import TrainHistory
 from tasks.common import DECKS, SMALL, TASK, TRACKED

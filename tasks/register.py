@@ -18,8 +18,8 @@ from flyscale.evaluate.gating import Judgment
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
 from flyscale.render.summary import RunSummary
+from flyscale.tracking.candidate import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.live import close_failed_runs
-from flyscale.tracking.registration import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.store import tracking_uri
 from flyscale.train.preflight import PreflightReport
 from tasks.common import SMALL, TASK, TRACKED

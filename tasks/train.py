@@ -41,7 +41,8 @@ from flyscale.train.interrupt import StopSignals
 from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport, global_batch, keep_global_batch
 from flyscale.train.run_dirs import prune, restart_directory, training_key
-from flyscale.train.strategies import any_worker_count, reshards, strategy, wants_meta_model
+from flyscale.train.strategies import any_worker_count, per_worker_batch, reshards, strategy, wants_meta_model
+from flyscale.train.trainer import train as train_with
 from tasks.common import DECKS, task_options, tracked
 from tasks.records import StartWeights, TrainedModel
 
@@ -169,8 +170,7 @@ def train_job(
                 grad_accum_steps=cfg.grad_accum_steps,
                 asynchronous=recovery.async_checkpoints,
             )
-            per_worker = bool(getattr(train_fn, "per_worker_batch", True))
-            plan = checkpointer.reshard_plan(ctx, per_worker) if reshards(cfg) else None
+            plan = checkpointer.reshard_plan(ctx, per_worker_batch(cfg)) if reshards(cfg) else None
             if plan is not None:  # the checkpoint's global batch, on this many workers
                 cfg = plan.apply(cfg)
                 if ctx.is_main:
@@ -189,7 +189,7 @@ def train_job(
                 signals=signals,
             )
             data = train_data_from(train, val, info, on_the_fly(augment, info), objectives.of(objective))
-            result = train_fn(model, data, cfg, ctx, options, hooks)
+            result = train_with(train_fn, model, data, cfg, ctx, options, hooks)
             finished = len(result.history.epochs) == cfg.epochs or bool(result.history.stopping)
             ctx.barrier()  # every rank is past its last checkpoint read or write
             if ctx.is_main and finished:

@@ -39,6 +39,7 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
 
     from flyscale.cluster.recovery import FlyteMirror
     from flyscale.config import TrainConfig
+    from flyscale.train import trainer
     from flyscale.train.checkpoint import Checkpointer
     from flyscale.train.distributed import process_group
     from flyscale.train.loop import Hooks
@@ -89,7 +90,7 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
                 keep=2,
                 mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None,
             )
-            result = fn(model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
+            result = trainer.train(fn, model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
         if ctx.is_main:
             torch.save(result.model.state_dict(), root / "weights.pt")
             h = result.history

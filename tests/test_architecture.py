@@ -184,7 +184,7 @@ def test_tasks_are_cached_except_those_that_read_live_state():
     """Everything is cached but the tasks whose job is to see what changed: the model check (what
     the dataset declares now), the data's fingerprint, the reference and the gate (the champion as
     it is now), and the summary of this execution."""
-    from flyscale.tracking.registration import ALWAYS_RUN
+    from flyscale.tracking.candidate import ALWAYS_RUN
     from tests.flyte_graph import workflow_tasks
     from workflows.train import training_pipeline
 

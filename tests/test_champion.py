@@ -21,11 +21,10 @@ from flyscale.evaluate.gating import ChampionRef
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.evaluate.quantize import quantize
 from flyscale.plugin.contracts import GateVerdict
-from flyscale.tracking import champion, run_log
-from flyscale.tracking import publish as tracking
+from flyscale.tracking import champion, log_and_register, promotion, run_log
 from flyscale.tracking import store as mlflow_store
 from flyscale.tracking.champion import read_baseline
-from flyscale.tracking.reference import read_reference, remeasure
+from flyscale.tracking.champion_reference import read_reference, remeasure
 from flyscale.tracking.store import MlflowUnavailable
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
@@ -107,14 +106,14 @@ def test_the_alias_moves_only_if_it_still_points_at_the_judged_champion(server, 
     v1 = _version(server, name, 0.90, "a")
     v2 = _version(server, name, 0.91, "b")
     judged = ChampionRef(name, "champion")  # judged when there was no champion
-    moved = champion.promote(server, [(name, v1)], "champion", judged, "a", 10, 600)
+    moved = promotion.promote(server, [(name, v1)], "champion", judged, "a", 10, 600)
     assert moved.moved and server.get_model_version_by_alias(name, "champion").version == v1
     # A second candidate judged against "no champion" too: the alias moved meanwhile, so it is refused.
-    refused = champion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600)
+    refused = promotion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600)
     assert not refused.moved and f"moved from no champion to v{v1}" in refused.reason
     assert server.get_model_version_by_alias(name, "champion").version == v1
     # Judged against v1, it moves.
-    assert champion.promote(server, [(name, v2)], "champion", ChampionRef(name, "champion", v1), "b", 10, 600).moved
+    assert promotion.promote(server, [(name, v2)], "champion", ChampionRef(name, "champion", v1), "b", 10, 600).moved
 
 
 @pytest.mark.slow
@@ -124,30 +123,30 @@ def test_a_champion_without_an_int8_twin_takes_the_old_twins_alias_away(server, 
     run_id = server.get_model_version(name, v1).run_id  # the twin comes from the same run, as publish makes it
     server.create_registered_model(twin)
     t1 = server.create_model_version(twin, f"runs:/{run_id}/q", run_id, tags={"flyscale.run_id": run_id}).version
-    assert champion.promote(
+    assert promotion.promote(
         server, [(name, v1), (twin, t1)], "champion", ChampionRef(name, "champion"), "a", 10, 600
     ).moved
     v2 = _version(server, name, 0.95, "b")  # its int8 did not pay: no twin registered
     judged = ChampionRef(name, "champion", v1)
-    assert champion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600, withdrawn=(twin,)).moved
+    assert promotion.promote(server, [(name, v2)], "champion", judged, "b", 10, 600, withdrawn=(twin,)).moved
     assert server.get_model_version_by_alias(name, "champion").version == v2
     assert "champion" not in server.get_registered_model(twin).aliases  # no stale twin serves beside v2
     # A person's rollback to v1 brings its twin back; forward again to v2 takes it off.
-    champion.move_alias(server, name, "champion", v1, "rollback", "oncall", "v2 misbehaves")
+    promotion.move_alias(server, name, "champion", v1, "rollback", "oncall", "v2 misbehaves")
     assert server.get_model_version_by_alias(twin, "champion").version == t1
-    note = champion.move_alias(server, name, "champion", v2, "promote", "oncall", "fixed upstream")
+    note = promotion.move_alias(server, name, "champion", v2, "promote", "oncall", "fixed upstream")
     assert "taken off" in note and "champion" not in server.get_registered_model(twin).aliases
 
 
 def test_the_promotion_lock_waits_then_says_what_to_do(server, name):
     v1 = _version(server, name, 0.9, "a")
-    server.create_registered_model(name + champion.LOCK_SUFFIX, tags={"flyscale.acquired_at": str(time.time())})
+    server.create_registered_model(name + promotion.LOCK_SUFFIX, tags={"flyscale.acquired_at": str(time.time())})
     with pytest.raises(MlflowUnavailable, match=r"another run holds .*promotion-lock.*delete that registered model"):
-        champion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 1.0, 600)
+        promotion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 1.0, 600)
     assert not server.get_registered_model(name).aliases  # nothing moved while it waited
     # A lock left by a dead run (older than lock_stale_s) is broken, and the promotion goes on.
-    assert champion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 0.5).moved
-    assert not server.search_registered_models(f"name='{name}{champion.LOCK_SUFFIX}'")
+    assert promotion.promote(server, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 0.5).moved
+    assert not server.search_registered_models(f"name='{name}{promotion.LOCK_SUFFIX}'")
 
 
 class Client:
@@ -166,36 +165,37 @@ class Client:
 
     def create_registered_model(self, name, tags=None, **kw):
         out = self._client.create_registered_model(name, tags=tags, **kw)
-        self.created.append((name, (tags or {}).get(champion.TOKEN_TAG)))
+        self.created.append((name, (tags or {}).get(promotion.TOKEN_TAG)))
         return out
 
     def delete_registered_model(self, name):
         # Whose lock this delete removes: the token it holds at that moment.
-        self.deleted.append((name, self._client.get_registered_model(name).tags.get(champion.TOKEN_TAG)))
+        self.deleted.append((name, self._client.get_registered_model(name).tags.get(promotion.TOKEN_TAG)))
         return self._client.delete_registered_model(name)
 
 
 def _take_lock(client: MlflowClient, name: str, token: str, age_s: float = 0.0) -> None:
     client.create_registered_model(
-        name + champion.LOCK_SUFFIX, tags={champion.TOKEN_TAG: token, "flyscale.acquired_at": str(time.time() - age_s)}
+        name + promotion.LOCK_SUFFIX,
+        tags={promotion.TOKEN_TAG: token, "flyscale.acquired_at": str(time.time() - age_s)},
     )
 
 
 def test_a_holder_whose_lock_was_broken_neither_moves_the_alias_nor_deletes_the_new_lock(server, name):
     v1 = _version(server, name, 0.9, "a")
-    lock = name + champion.LOCK_SUFFIX
+    lock = name + promotion.LOCK_SUFFIX
 
     def broken_meanwhile(asked: str) -> None:
         # Inside the compare-and-set (reading the alias): another run breaks the lock as stale and takes it.
-        if asked == name and server.get_registered_model(lock).tags.get(champion.TOKEN_TAG) != "theirs":
+        if asked == name and server.get_registered_model(lock).tags.get(promotion.TOKEN_TAG) != "theirs":
             server.delete_registered_model(lock)
             _take_lock(server, name, "theirs")
 
     client = Client(server, on=broken_meanwhile)
-    out = champion.promote(client, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 600)
+    out = promotion.promote(client, [(name, v1)], "champion", ChampionRef(name, "champion"), "a", 5.0, 600)
     assert not out.moved and "another run broke it" in out.reason, out.reason
     assert not server.get_registered_model(name).aliases  # nothing moved without the lock
-    assert server.get_registered_model(lock).tags[champion.TOKEN_TAG] == "theirs"  # left to its holder
+    assert server.get_registered_model(lock).tags[promotion.TOKEN_TAG] == "theirs"  # left to its holder
     assert client.deleted == []
 
 
@@ -211,14 +211,14 @@ def test_two_runs_racing_past_a_stale_lock_move_the_alias_once_deleting_only_wha
     with ThreadPoolExecutor(2) as pool:
         outs = list(
             pool.map(
-                lambda i: champion.promote(clients[i], [(name, versions[i])], "champion", judged, f"w{i}", 30, 1.0),
+                lambda i: promotion.promote(clients[i], [(name, versions[i])], "champion", judged, f"w{i}", 30, 1.0),
                 range(2),
             )
         )
     assert sum(o.moved for o in outs) == 1, [o.reason for o in outs]
     winner = versions[[o.moved for o in outs].index(True)]
     assert server.get_model_version_by_alias(name, "champion").version == winner
-    lock = name + champion.LOCK_SUFFIX
+    lock = name + promotion.LOCK_SUFFIX
     deletes = [t for c in clients for n, t in c.deleted if n == lock]
     assert deletes.count("dead-run") == 1  # the stale lock broken once
     for c in clients:  # and every other delete of the lock removed the deleter's own
@@ -271,7 +271,7 @@ def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy,
     proxy.rule = int8_version
     fp32, int8 = _files(tmp_path)
     with pytest.raises(MlflowUnavailable, match="MLflow failed while registering"):
-        tracking.publish(_record(ChampionRef(name, "champion")), fp32, int8, _cfg(name), "r", register=True)
+        log_and_register.publish(_record(ChampionRef(name, "champion")), fp32, int8, _cfg(name), "r", register=True)
     assert proxy.failed  # the fault was hit: the fp32 version existed when it struck
     client = MlflowClient(proxy.upstream)
     assert client.search_model_versions(f"name='{name}'") == []  # removed again
@@ -282,8 +282,8 @@ def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
     record.weights_sha256, record.data_sha256 = "same-weights", "same-data"
-    first = tracking.publish(record, fp32, int8, _cfg(name), "first", register=True)
-    again = tracking.publish(record, fp32, int8, _cfg(name), "again", register=True)
+    first = log_and_register.publish(record, fp32, int8, _cfg(name), "first", register=True)
+    again = log_and_register.publish(record, fp32, int8, _cfg(name), "again", register=True)
     assert (first.model_version, again.model_version) == ("1", "1") and again.reused and not first.reused
     assert [v.version for v in server.search_model_versions(f"name='{name}'")] == ["1"]
     assert [v.version for v in server.search_model_versions(f"name='{name}-int8'")] == ["1"]
@@ -304,7 +304,7 @@ def test_a_registered_versions_reference_is_read_back_from_where_its_tag_says(
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
     record.data_sha256, record.reference_json = "data-a", reference_json(info, profile(frame, info))
-    out = tracking.publish(record, fp32, int8, _cfg(name), "r", register=True)
+    out = log_and_register.publish(record, fp32, int8, _cfg(name), "r", register=True)
     version = MlflowClient(uri).get_model_version(name, out.model_version)
     assert version.tags[mlflow_store.REFERENCE_URI_TAG].endswith("/data/reference.json")
     read = read_reference(_cfg(name), "", "data-b")
@@ -321,29 +321,29 @@ def test_a_model_of_another_kind_is_not_registered_under_the_name(server, name, 
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
     record.kind = ModelKind.of(DatasetInfo("t", 2, [4], ["a", "b", "c", "d"]), "classification").to_json()
-    first = tracking.publish(record, fp32, int8, _cfg(name), "first", register=True)
+    first = log_and_register.publish(record, fp32, int8, _cfg(name), "first", register=True)
     assert server.get_model_version(name, first.model_version).tags[KIND_TAG] == record.kind
     record.weights_sha256, record.kind = (
         "other",
         ModelKind.of(DatasetInfo("t", 2, [5], list("abcde")), "classification").to_json(),
     )
-    other = tracking.publish(record, fp32, int8, _cfg(name), "other", register=True)
+    other = log_and_register.publish(record, fp32, int8, _cfg(name), "other", register=True)
     assert other.model_version == "" and not other.champion
     assert other.promotion.startswith(f"not registered: mlflow.model_name {name!r} holds another kind of model")
     assert "mlflow.replace_kind: true" in other.promotion
     record.judged_against = ChampionRef(name, "champion", "1")  # the gates judged it against v1
-    replaced = tracking.publish(record, fp32, int8, _cfg(name, replace_kind=True), "replaced", register=True)
+    replaced = log_and_register.publish(record, fp32, int8, _cfg(name, replace_kind=True), "replaced", register=True)
     assert replaced.model_version == "2" and replaced.champion
 
 
 def test_manual_promotion_sets_the_challenger_and_leaves_the_champion(server, name, tmp_path):
     fp32, int8 = _files(tmp_path)
     record = _record(ChampionRef(name, "champion"))
-    out = tracking.publish(record, fp32, int8, _cfg(name, promotion="manual"), "r", register=True)
+    out = log_and_register.publish(record, fp32, int8, _cfg(name, promotion="manual"), "r", register=True)
     assert not out.champion and "'challenger' -> v1" in out.promotion
     assert server.get_model_version_by_alias(name, "challenger").version == "1"
     assert "champion" not in server.get_registered_model(name).aliases
-    note = champion.move_alias(server, name, "champion", "1", "promote", "reviewer", "looked at the curves")
+    note = promotion.move_alias(server, name, "champion", "1", "promote", "reviewer", "looked at the curves")
     assert server.get_model_version_by_alias(f"{name}-int8", "champion").version == "1"
     assert "promote by reviewer" in note and "looked at the curves" in note
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from flyscale.config import TrainConfig
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import process_group
 from flyscale.train.telemetry import EpochMetrics, diagnose
@@ -38,7 +39,7 @@ def _cfg(batch: int, accum: int = 1) -> TrainConfig:
 
 def _train_ddp(bucket_cap_mb: float, accum: int):
     with process_group(timeout_s=60) as ctx:
-        result = ddp(_model(), _data(), _cfg(B, accum), ctx, DDPOptions(bucket_cap_mb=bucket_cap_mb))
+        result = trainer.train(ddp, _model(), _data(), _cfg(B, accum), ctx, DDPOptions(bucket_cap_mb=bucket_cap_mb))
         return {k: v.clone() for k, v in result.model.state_dict().items()}, result.history.epochs
 
 
@@ -77,7 +78,7 @@ def _uneven(world_rows: int):
     with process_group(timeout_s=30) as ctx:
         g = torch.Generator().manual_seed(0)
         x, y = torch.rand(world_rows, 64, generator=g), torch.randint(0, 10, (world_rows,), generator=g)
-        result = ddp(_model(), TrainData(x, y, x[:5], y[:5]), _cfg(B), ctx, DDPOptions(time_comm=False))
+        result = trainer.train(ddp, _model(), TrainData(x, y, x[:5], y[:5]), _cfg(B), ctx, DDPOptions(time_comm=False))
         return [m.grad_comm_fraction for m in result.history.epochs]
 
 
@@ -97,8 +98,8 @@ def _diagnosis_on_the_digits_mlp() -> tuple[str, float]:
         x, y = torch.rand(2560, 64, generator=g) * 16, torch.randint(0, 10, (2560,), generator=g)
         torch.manual_seed(0)
         model = MLP().build(MLPOptions(hidden=[256, 128], dropout=0.0), digits.info(None))
-        history = ddp(
-            model, TrainData(x, y, x[:64], y[:64]), TrainConfig(epochs=1, batch_size=32), ctx, DDPOptions()
+        history = trainer.train(
+            ddp, model, TrainData(x, y, x[:64], y[:64]), TrainConfig(epochs=1, batch_size=32), ctx, DDPOptions()
         ).history
         return history.diagnosis, history.epochs[-1].grad_comm_fraction
 

@@ -14,7 +14,7 @@ from sklearn.datasets import load_digits
 
 from flyscale.config import ConfigError, EarlyStoppingConfig, ModelConfig, PipelineConfig, TrainConfig
 from flyscale.model import build_model
-from flyscale.train import early_stop
+from flyscale.train import early_stop, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import DistContext, process_group
@@ -75,7 +75,7 @@ def test_bad_early_stopping_config_is_refused_naming_the_field():
 
 @pytest.fixture(scope="module")
 def uninterrupted():
-    return ddp(_model(), _data(), CFG, DistContext(), DDPOptions())
+    return trainer.train(ddp, _model(), _data(), CFG, DistContext(), DDPOptions())
 
 
 def test_an_overfitting_run_stops_early_and_hands_on_the_best_epochs_weights(uninterrupted):
@@ -107,8 +107,10 @@ def test_a_resumed_run_keeps_the_best_epoch_it_had_checkpointed(tmp_path, uninte
         return Checkpointer(tmp_path / "ckpt", every_steps=1, keep=1, global_batch=CFG.batch_size)
 
     with pytest.raises(_Stop):
-        ddp(_model(), _data(), CFG, DistContext(), DDPOptions(), Hooks(checkpointer(), on_epoch=(stop_after,)))
-    resumed = ddp(_model(), _data(), CFG, DistContext(), DDPOptions(), Hooks(checkpointer()))
+        trainer.train(
+            ddp, _model(), _data(), CFG, DistContext(), DDPOptions(), Hooks(checkpointer(), on_epoch=(stop_after,))
+        )
+    resumed = trainer.train(ddp, _model(), _data(), CFG, DistContext(), DDPOptions(), Hooks(checkpointer()))
     assert resumed.history.resumed_from_step > 0
     assert [m.val_loss for m in resumed.history.epochs] == pytest.approx(
         [m.val_loss for m in uninterrupted.history.epochs], rel=1e-6
@@ -123,7 +125,7 @@ def _fsdp_rank(root: str):
         per_worker = CFG.batch_size // 2
         ckpt = Checkpointer(Path(root), every_steps=2, keep=1, global_batch=ctx.world_size * per_worker)
         cfg = dataclasses.replace(CFG, strategy="fsdp", batch_size=per_worker)
-        result = fsdp(_model(meta=True), _data(), cfg, ctx, FSDPOptions(), Hooks(ckpt))
+        result = trainer.train(fsdp, _model(meta=True), _data(), cfg, ctx, FSDPOptions(), Hooks(ckpt))
         h = result.history
         kept = _val_loss(result.model) if ctx.is_main else None
         return [m.val_loss for m in h.epochs], h.kept_epoch, kept

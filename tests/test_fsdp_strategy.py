@@ -17,7 +17,7 @@ from flyscale.api import DatasetInfo, FieldSpec
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
 from flyscale.plugin import registry
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import process_group
@@ -78,7 +78,7 @@ def _reference(cfg: TrainConfig, rows: int, batch: int) -> tuple[dict, list[floa
 
 def _fsdp_rank(cfg: TrainConfig, options: FSDPOptions):
     with process_group(timeout_s=60) as ctx:
-        result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, options)
+        result = trainer.train(fsdp, _gpt(), _data(2 * B * STEPS), cfg, ctx, options)
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
         history = (vars(result.history.epochs[0]), result.history.diagnosis)
         return state, result.history.state_mb, result.history.epochs[0].train_loss, history
@@ -160,7 +160,9 @@ def _resumable_rank(cfg: TrainConfig, root: str, die_at: int, asynchronous: bool
     with process_group(timeout_s=60) as ctx:
         ckpt = _DiesAfter(Path(root), die_at, every_steps=3, asynchronous=asynchronous) if root else None
         try:
-            result = fsdp(_gpt(), _data(2 * B * STEPS), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt))
+            result = trainer.train(
+                fsdp, _gpt(), _data(2 * B * STEPS), cfg, ctx, FSDPOptions(), Hooks(checkpointer=ckpt)
+            )
         except _Killed:
             if not ctx.is_main:  # rank 0 commits (renames) the checkpoint: only it may look
                 return "killed", []
@@ -213,10 +215,12 @@ def _resharding_rank(cfg: TrainConfig, root: str, die_at: int, rows: int, strate
         try:
             hooks = Hooks(checkpointer=ckpt)
             if strategy == "fsdp":
-                result = fsdp(_gpt(), _data(rows), cfg, ctx, FSDPOptions(), hooks)
+                result = trainer.train(fsdp, _gpt(), _data(rows), cfg, ctx, FSDPOptions(), hooks)
             else:
                 model = meta.materialise(_gpt(), "cpu", cfg.seed)
-                result = ddp(model, _data(rows), dataclasses.replace(cfg, strategy="ddp"), ctx, DDPOptions(), hooks)
+                result = trainer.train(
+                    ddp, model, _data(rows), dataclasses.replace(cfg, strategy="ddp"), ctx, DDPOptions(), hooks
+                )
         except _Killed:
             return "killed"
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from flyscale.api import DatasetInfo
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import process_group
 from flyscale.train.loop import Hooks
@@ -68,7 +68,7 @@ def _reference(model_options: dict, cfg: TrainConfig) -> tuple[dict, list[float]
 
 def _hybrid_rank(model_options: dict, cfg: TrainConfig, options: HybridOptions):
     with process_group(timeout_s=60) as ctx:
-        result = hybrid(_gpt(model_options), _data(DP * B * STEPS), cfg, ctx, options)
+        result = trainer.train(hybrid, _gpt(model_options), _data(DP * B * STEPS), cfg, ctx, options)
         state = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
         return state, result.history.state_mb, result.history.epochs[0]
 
@@ -137,7 +137,7 @@ def _table(rows: int) -> TrainData:
 
 def _mlp_rank(cfg: TrainConfig, options: HybridOptions):
     with process_group(timeout_s=60) as ctx:
-        result = hybrid(_mlp(), _table(DP * B * STEPS), cfg, ctx, options)
+        result = trainer.train(hybrid, _mlp(), _table(DP * B * STEPS), cfg, ctx, options)
         return {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
 
 
@@ -192,7 +192,9 @@ def _resumable_rank(root: str, die_at: int):
     with process_group(timeout_s=60) as ctx:
         ckpt = _DiesAfter(Path(root), die_at, every_steps=2)
         try:
-            result = hybrid(_gpt(UNTIED), _data(DP * B * STEPS), CFG, ctx, options, Hooks(checkpointer=ckpt))
+            result = trainer.train(
+                hybrid, _gpt(UNTIED), _data(DP * B * STEPS), CFG, ctx, options, Hooks(checkpointer=ckpt)
+            )
         except _Killed as killed:
             saved = Path(str(killed))
             return "killed", sorted(p.name for p in (saved / "state").iterdir()) if ctx.is_main else []

@@ -14,7 +14,7 @@ from sklearn.datasets import load_digits
 
 from flyscale.config import ModelConfig, RecoveryConfig, TrainConfig
 from flyscale.model import build_model
-from flyscale.train import interrupt
+from flyscale.train import interrupt, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.checkpoint import AUTO_LEAST_S, AUTO_MOST_S, Checkpointer
 from flyscale.train.checkpoint_files import complete_checkpoints, step_of
@@ -61,13 +61,13 @@ def _rank(root: str, signalled: int, at_step: int, vote_every_s: float, step_sle
         ckpt = Checkpointer(Path(root), every_minutes=None, global_batch=CFG.batch_size * ctx.world_size)
         try:
             with signals.installed():
-                ddp(model, _data(), CFG, ctx, DDPOptions(), Hooks(ckpt, signals=signals))
+                trainer.train(ddp, model, _data(), CFG, ctx, DDPOptions(), Hooks(ckpt, signals=signals))
         except Interrupted as exc:
             stopped = (exc.step, exc.signal, Path(exc.checkpoint).name, exc.main, list(ckpt.saved))
         else:
             raise AssertionError(f"rank {ctx.rank} trained to the end: the stop never reached it")
         ctx.barrier()
-        resumed = ddp(_model(), _data(), CFG, ctx, DDPOptions(), Hooks(Checkpointer(Path(root))))
+        resumed = trainer.train(ddp, _model(), _data(), CFG, ctx, DDPOptions(), Hooks(Checkpointer(Path(root))))
         return stopped, signals.received, resumed.history.resumed_from_step, resumed.history.steps
 
 
@@ -147,6 +147,6 @@ def test_the_automatic_interval_writes_checkpoints_by_time_as_the_votes_find_the
     ckpt.begin, ckpt.save = begin, save  # type: ignore[method-assign]
     time.sleep(0.6)  # setup longer than the interval: it does not count
     cfg = TrainConfig(epochs=2, batch_size=10, lr=1e-2, seed=0)  # 120 steps: at least 2.4 s
-    ddp(model, _data(), cfg, DistContext(), DDPOptions(), Hooks(ckpt))
+    trainer.train(ddp, model, _data(), cfg, DistContext(), DDPOptions(), Hooks(ckpt))
     assert len(started) >= 2 and ckpt.saved[0] > 1, ckpt.saved
     assert all(s - e >= 0.5 for s, e in zip(started, ended)), (started, ended)

@@ -12,7 +12,7 @@ from flyscale.api import DatasetInfo, FieldSpec
 from flyscale.config import ModelConfig, TrainConfig
 from flyscale.model import build_model
 from flyscale.plugin import registry
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import process_group
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -67,7 +67,7 @@ def _reference(model, data: TrainData, cfg: TrainConfig, order: torch.Tensor, ba
 
 def _ddp_rank(cfg: TrainConfig):
     with process_group(timeout_s=60) as ctx:
-        result = ddp(_gpt(), _data(2 * B * STEPS), cfg, ctx, DDPOptions())
+        result = trainer.train(ddp, _gpt(), _data(2 * B * STEPS), cfg, ctx, DDPOptions())
         return {k: v.clone() for k, v in result.model.state_dict().items()}, result.history.epochs[0].val_loss
 
 
@@ -91,7 +91,7 @@ def test_a_gpt_under_ddp_at_world_size_2_matches_one_process_with_the_doubled_ba
 
 def _pipeline_rank(cfg: TrainConfig, options: PipelineOptions):
     with process_group(timeout_s=60) as ctx:
-        result = pipeline(_gpt(tie=False, on_meta=True), _data(B * STEPS), cfg, ctx, options)
+        result = trainer.train(pipeline, _gpt(tie=False, on_meta=True), _data(B * STEPS), cfg, ctx, options)
         return {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
 
 

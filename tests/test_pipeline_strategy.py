@@ -16,7 +16,7 @@ from torch import nn
 
 from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext, process_group, set_epoch
 from flyscale.train.evaluator import evaluate_split
@@ -141,7 +141,7 @@ def _meta_mlp(hidden=WIDE):
 
 def _train_meta(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: PipelineOptions) -> dict:
     model = _meta_mlp()
-    result = pipeline(model, data, cfg, ctx, options)
+    result = trainer.train(pipeline, model, data, cfg, ctx, options)
     return {
         "state": {k: v.detach().cpu() for k, v in result.model.state_dict().items() if not v.is_meta},
         "meta_layers": [i for i, layer in enumerate(result.model) if meta.is_meta(layer)],
@@ -151,7 +151,7 @@ def _train_meta(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: Pi
 
 
 def _train(ctx: DistContext, data: TrainData, cfg: TrainConfig, options: PipelineOptions, dropout: float) -> dict:
-    result = pipeline(_mlp(cfg.seed, dropout=dropout), data, cfg, ctx, options)
+    result = trainer.train(pipeline, _mlp(cfg.seed, dropout=dropout), data, cfg, ctx, options)
     state = {k: v.detach().cpu() for k, v in result.model.state_dict().items()}
     return {"state": state, "epochs": [asdict(m) for m in result.history.epochs], "world": result.history.world_size}
 
@@ -371,7 +371,7 @@ def test_bad_options_name_the_field_and_alternatives():
         PipelineOptions(microbatches=0)
     cfg = TrainConfig(strategy="pipeline", epochs=1, batch_size=10)
     with pytest.raises(ValueError, match="microbatches"):
-        pipeline(_mlp(), _toy_data(), cfg, DistContext(), PipelineOptions(microbatches=4))
+        trainer.train(pipeline, _mlp(), _toy_data(), cfg, DistContext(), PipelineOptions(microbatches=4))
 
 
 @pytest.mark.timeout(90)
@@ -408,7 +408,7 @@ def test_two_stages_learn_digits_and_rank0_returns_the_complete_model(tmp_path):
 def test_settings_the_pipeline_does_not_apply_are_refused(field, value):
     cfg = TrainConfig(strategy="pipeline", batch_size=16, **{field: value})
     with pytest.raises(ValueError, match=f"train.{field}=.*not supported by the pipeline strategy"):
-        pipeline(_mlp(), _toy_data(), cfg, DistContext(), PipelineOptions())
+        trainer.train(pipeline, _mlp(), _toy_data(), cfg, DistContext(), PipelineOptions())
 
 
 def test_a_model_with_batchnorm_is_refused_naming_the_layer_and_the_way_out():
@@ -416,10 +416,10 @@ def test_a_model_with_batchnorm_is_refused_naming_the_layer_and_the_way_out():
     model = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 10))
     cfg = TrainConfig(strategy="pipeline", batch_size=16)
     with pytest.raises(ValueError, match=r"the model has 1 \(BatchNorm1d\): use LayerNorm or GroupNorm.*ddp"):
-        pipeline(model, _toy_data(), cfg, DistContext(), PipelineOptions())
+        trainer.train(pipeline, model, _toy_data(), cfg, DistContext(), PipelineOptions())
     # Without running statistics it is a per-batch normalisation, which every stage computes right.
     untracked = nn.Sequential(nn.Linear(64, 16), nn.BatchNorm1d(16, track_running_stats=False), nn.Linear(16, 10))
-    pipeline(untracked, _toy_data(), cfg, DistContext(), PipelineOptions())
+    trainer.train(pipeline, untracked, _toy_data(), cfg, DistContext(), PipelineOptions())
 
 
 def test_the_check_before_data_work_refuses_what_training_would_refuse():

@@ -17,11 +17,12 @@ from flyscale.plugin import registry
 from flyscale.train.batches import TrainData, make_loader
 from flyscale.train.distributed import process_group
 from flyscale.train.evaluator import evaluate_split
-from flyscale.train.loop import TrainResult, fit
+from flyscale.train.loop import TrainResult
 from flyscale.train.preflight import PreflightReport, compare, run_preflight
 from flyscale.train.step import make_optimizer, standard_step
 from flyscale.train.strategies import wants_meta_model
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
+from flyscale.train.trainer import fit
 from flyscale_plugins.datasets import digits
 from tests.distributed_helpers import run_on_ranks
 

@@ -11,9 +11,9 @@ from flyscale.config import TrainConfig
 from flyscale.train.batches import make_loader
 from flyscale.train.distributed import DistContext
 from flyscale.train.evaluator import evaluate_split
-from flyscale.train.loop import fit
 from flyscale.train.progress import train_progress
 from flyscale.train.step import make_optimizer, standard_step
+from flyscale.train.trainer import fit
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import MLP, MLPOptions
 

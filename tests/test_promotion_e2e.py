@@ -18,7 +18,7 @@ import yaml
 from mlflow import MlflowClient
 
 from flyscale.config.publishing import GatesConfig
-from flyscale.tracking import champion
+from flyscale.tracking import promotion
 from tests.conftest import BIN, REPO, free_port, run_pipeline
 from tests.faults import FaultProxy, after, fail_registry, fail_writes, training_workers
 
@@ -139,7 +139,7 @@ def test_two_runs_racing_to_promote_move_the_alias_once(tmp_path, mlflow_server)
     both wait at it): the first moves the alias, the second finds it moved and refuses."""
     name = f"race-{uuid.uuid4().hex[:6]}"
     client = MlflowClient(mlflow_server)
-    lock = name + champion.LOCK_SUFFIX
+    lock = name + promotion.LOCK_SUFFIX
     client.create_registered_model(lock, tags={"flyscale.acquired_at": str(time.time())})
     # Different seeds: two different candidates (identical weights would be the same model).
     runs = [

@@ -15,6 +15,7 @@ from flyscale.config import ConfigError, TrainConfig
 from flyscale.search import study
 from flyscale.search.config import SearchStudyConfig
 from flyscale.search.study import TrialResult, TrialSpec
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import process_group
 from flyscale.train.loop import Hooks
@@ -110,7 +111,7 @@ def _train_pruned() -> tuple[list[int], str]:
     with process_group(timeout_s=30) as ctx:
         hooks = Hooks(stop=_prune_at_two if ctx.is_main else None)
         cfg = TrainConfig(epochs=6, batch_size=16)
-        result = ddp(model, TrainData(x[:64], y[:64], x[64:], y[64:]), cfg, ctx, DDPOptions(), hooks)
+        result = trainer.train(ddp, model, TrainData(x[:64], y[:64], x[64:], y[64:]), cfg, ctx, DDPOptions(), hooks)
     return [m.epoch for m in result.history.epochs], result.history.stopping
 
 

@@ -1,4 +1,4 @@
-"""The registered model served without flyscale (flyscale/export/served.py): a classifier, a
+"""The registered model served without flyscale (flyscale/export/onnx_pyfunc/): a classifier, a
 regressor and a language model are saved as MLflow logs them, then loaded and asked in a fresh
 virtualenv with nothing but each model's declared requirements (uv builds it from the package
 index): no torch, no flyscale, no plugin. Their answers equal the PyTorch model's (greedy text
@@ -22,7 +22,7 @@ from flyscale.config import ModelConfig, ObjectiveConfig
 from flyscale.data.text import ByteTokenizer
 from flyscale.export import onnx
 from flyscale.model import build_model, save_state
-from flyscale.tracking import run_log, serving
+from flyscale.tracking import model_io, run_log
 from flyscale.tracking.model_spec import build, objective_of, spec_json
 from tests.conftest import fresh_python
 
@@ -116,7 +116,7 @@ def test_the_registered_model_answers_as_pytorch_without_torch_or_flyscale(case,
 
     spec = json.loads(files.spec_json)
     objective, context = objective_of(spec, files.tokenizer_json)
-    want = serving.predict(objective, build(spec, files.weights_path), asked, params, context)
+    want = model_io.predict(objective, build(spec, files.weights_path), asked, params, context)
     if case == "language model":
         assert got == want and all(len(t) > 0 for t in got)  # greedy: the same tokens as torch
     else:
@@ -161,7 +161,7 @@ TORCH_LOADS = "import sys, torch\ntry:\n    torch.export.load(sys.argv[1])\nexce
 def test_a_version_served_from_a_torch_export_program_is_refused_before_anything_is_unpickled(tmp_path):
     """An older flyscale registered a model ONNX could not take as a .pt2 program; loading one
     would run the pickle planted in it. The served model refuses it, naming why, and nothing runs."""
-    from flyscale.export import served
+    from flyscale.export import onnx_pyfunc
 
     program, marker = tmp_path / "model.pt2", tmp_path / "unpickled"
     subprocess.run([sys.executable, "-c", PLANTED_PROGRAM, str(program), str(marker)], check=True, cwd=tmp_path)
@@ -170,7 +170,9 @@ def test_a_version_served_from_a_torch_export_program_is_refused_before_anything
     serving_json.write_text(json.dumps({"output": "probabilities", "input": {"dtype": "float32", "shape": [4]}}))
     target = tmp_path / "model"
     mlflow.pyfunc.save_model(
-        str(target), python_model=served.__file__, artifacts={"program": str(program), "serving": str(serving_json)}
+        str(target),
+        python_model=onnx_pyfunc.PYTHON_MODEL,
+        artifacts={"program": str(program), "serving": str(serving_json)},
     )
     with pytest.raises(Exception, match=r"model.pt2: the served model loads an ONNX file only.*may unpickle"):
         mlflow.pyfunc.load_model(str(target))
@@ -390,9 +392,9 @@ def test_requests_past_the_limits_written_into_the_model_are_400s_naming_the_con
 def test_the_served_models_default_limits_are_the_serving_sections():
     """A version registered before its limits were written is held to the config's defaults."""
     from flyscale.config import ServingConfig
-    from flyscale.export import served
+    from flyscale.export.onnx_pyfunc.predictor import LIMITS
 
-    assert served.LIMITS == ServingConfig().limits()
+    assert LIMITS == ServingConfig().limits()
 
 
 def test_the_champion_is_scored_on_a_split_larger_than_one_request(tmp_path):

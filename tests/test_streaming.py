@@ -13,6 +13,7 @@ from flyscale.config import TrainConfig
 from flyscale.data import shards
 from flyscale.data.fields import Reader
 from flyscale.data.streaming import Stream, StreamingShards
+from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext, set_epoch
 from tests.distributed_helpers import run_on_ranks
@@ -102,7 +103,7 @@ def _train_streamed(root: str) -> dict:
     )
     cfg = TrainConfig(epochs=3, batch_size=32, lr=0.01, num_workers=2)
     with process_group(timeout_s=60) as ctx:
-        history = ddp(model, data, cfg, ctx, DDPOptions()).history
+        history = trainer.train(ddp, model, data, cfg, ctx, DDPOptions()).history
     return {"val_accuracy": history.epochs[-1].val_accuracy, "samples": [m.samples_per_s > 0 for m in history.epochs]}
 
 

@@ -350,6 +350,42 @@ def test_plugins_written_against_flyscale_api_work_too(site):
     assert "Linear(in_features=4, out_features=3" in proc.stdout
 
 
+# Acme's strategy has only `parallelize` and `traits`; flyscale's trainer builds the optimizer, the
+# step and the epochs around it. Alone, it is the ddp strategy alone: the same losses, bit for bit.
+STRATEGY_USE = """
+import torch
+from flyscale.api import DistContext, TrainData, train
+from flyscale.config import TrainConfig
+from flyscale.train import strategies
+
+x = torch.randn(96, 6, generator=torch.Generator().manual_seed(0))
+y = (x[:, 0] > 0).long()
+data = TrainData(x[:64], y[:64], x[64:], y[64:])
+losses = {}
+for name in ("acme_replicated", "ddp"):
+    cfg = TrainConfig(strategy=name, epochs=3, batch_size=16, lr=1e-2, seed=0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    strategy, options = strategies.strategy(cfg)
+    result = train(strategy, model, data, cfg, DistContext(), options)
+    losses[name] = [m.train_loss for m in result.history.epochs]
+    print(name, result.history.strategy, strategies.traits_of(strategy), strategies.reshards(cfg))
+assert losses["acme_replicated"] == losses["ddp"], losses
+assert losses["ddp"][-1] < losses["ddp"][0], losses
+print("same losses", losses["ddp"])
+"""
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.slow
+def test_a_strategy_package_in_the_parallelize_form_trains_through_the_trainer(site):
+    proc = _python(site, "-c", STRATEGY_USE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    traits = "StrategyTraits(per_worker_batch=True, meta_model=False, reshards=True)"  # its own, as declared
+    assert f"acme_replicated acme_replicated {traits} True" in proc.stdout, proc.stdout
+    assert "same losses" in proc.stdout
+
+
 @pytest.mark.parametrize(
     "model,fallback,onnx_line,served",
     [

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flyscale.config import TrainConfig
+from flyscale.train import trainer
 from flyscale.train.batches import TensorBatches, TrainData, make_loader
 from flyscale.train.distributed import DistContext, set_epoch
-from flyscale.train.loop import fit
 from flyscale.train.step import (
     effective_lr,
     enable_activation_checkpointing,
@@ -20,6 +20,7 @@ from flyscale.train.step import (
     make_scheduler,
     standard_step,
 )
+from flyscale.train.trainer import fit
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
@@ -303,9 +304,10 @@ def test_ddp_strategy_reports_throughput_and_fractions():
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(256, 64, generator=g) * 16, torch.randint(0, 10, (256,), generator=g)
     cfg = TrainConfig(epochs=2, batch_size=32, grad_accum_steps=2, warmup_epochs=0.5)
-    result = ddp(_mlp(), TrainData(x, y, x[:32], y[:32]), cfg, DistContext(), DDPOptions())
+    result = trainer.train(ddp, _mlp(), TrainData(x, y, x[:32], y[:32]), cfg, DistContext(), DDPOptions())
     assert all(m.train_accuracy is None for m in result.history.epochs)  # not measured by default
-    tracked = ddp(
+    tracked = trainer.train(
+        ddp,
         _mlp(),
         TrainData(x, y, x[:32], y[:32]),
         TrainConfig(epochs=1, batch_size=32, track_train_accuracy=True),

@@ -22,7 +22,7 @@ from flyscale.data.reference import (
 )
 from flyscale.plugin.contracts import DatasetInfo
 from flyscale.render import validation_report
-from flyscale.tracking.reference import read_reference
+from flyscale.tracking.champion_reference import read_reference
 
 
 def _info(features=("a", "b"), classes=3, inferred=("features", "num_classes")) -> DatasetInfo:

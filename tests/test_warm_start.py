@@ -17,7 +17,7 @@ from flyscale.model import build_model, file_sha256
 from flyscale.plugin.contracts import DatasetInfo, FieldSpec
 from flyscale.tracking.model_spec import spec_json
 from flyscale.tracking.start import Fetched, StartError, check
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext, process_group
 from flyscale.train.loop import Hooks
@@ -61,9 +61,11 @@ def _assert_started_from(state: dict, start: Path) -> None:
 
 
 def test_one_process_starts_from_the_weights_and_without_them_from_fresh_ones(start):
-    result = ddp(_model(on_meta=False), _table(), CFG, DistContext(), DDPOptions(), Hooks(start=str(start)))
+    result = trainer.train(
+        ddp, _model(on_meta=False), _table(), CFG, DistContext(), DDPOptions(), Hooks(start=str(start))
+    )
     _assert_started_from(result.model.state_dict(), start)
-    fresh = ddp(_model(on_meta=False), _table(), CFG, DistContext(), DDPOptions())
+    fresh = trainer.train(ddp, _model(on_meta=False), _table(), CFG, DistContext(), DDPOptions())
     with pytest.raises(AssertionError):
         _assert_started_from(fresh.model.state_dict(), start)
 
@@ -75,8 +77,8 @@ def _sharded_and_staged(start: str):
             "fsdp": (fsdp, dataclasses.replace(CFG, strategy="fsdp", batch_size=4), FSDPOptions()),
             "pipeline": (pipeline, dataclasses.replace(CFG, strategy="pipeline"), PipelineOptions(microbatches=2)),
         }
-        for name, (train, cfg, options) in runs.items():
-            result = train(_model(on_meta=True), _table(), cfg, ctx, options, Hooks(start=start))
+        for name, (strategy, cfg, options) in runs.items():
+            result = trainer.train(strategy, _model(on_meta=True), _table(), cfg, ctx, options, Hooks(start=start))
             out[name] = {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
     return out
 
@@ -96,7 +98,7 @@ def _tensor_parallel(start: str):
         given = {"mesh": {"dp": 2, "tp": 2}, "tp_plan": {"0": "colwise", "3": "rowwise"}}
         cfg = dataclasses.replace(CFG, strategy="hybrid", batch_size=4, options=given)
         options = HybridOptions(**given)
-        result = hybrid(_model(on_meta=True), _table(), cfg, ctx, options, Hooks(start=start))
+        result = trainer.train(hybrid, _model(on_meta=True), _table(), cfg, ctx, options, Hooks(start=start))
         return {k: v.clone() for k, v in result.model.state_dict().items()} if ctx.is_main else None
 
 

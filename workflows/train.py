@@ -17,9 +17,9 @@ from flyscale.render.summary import RunSummary
 from tasks.data import fingerprint_data
 from tasks.evaluate import evaluate_model, gate_model, quantize_model
 from tasks.export import export_model
+from tasks.loadtest import load_test_model
 from tasks.preflight import check_model, preflight_check
 from tasks.register import close_failed_run, record_candidate, register_model, summarize
-from tasks.serving import load_test_model
 from tasks.train import train_model
 from workflows.data import dataset
 

@@ -151,7 +151,7 @@ class ExportConfig(Section):
 
 
 SERVING_SETUPS = ("mlflow", "mlserver", "mlserver-batching")
-# What one request to the served model may ask, by default (flyscale/export/served.py holds the
+# What one request to the served model may ask, by default (flyscale/export/onnx_pyfunc/predictor.py holds the
 # same numbers for models registered before their limits were written into them).
 REQUEST_LIMITS = ("max_rows", "max_prompts", "max_prompt_chars", "max_new_tokens", "time_budget_s")
 
@@ -163,7 +163,7 @@ class ServingConfig(Section):
 
     _section = "serving"
     loadtest: bool = False
-    # The server (flyscale/serving/study.py): mlflow (no batching), mlserver (batching off) or
+    # The server (flyscale/serving/compare_servers.py): mlflow (no batching), mlserver (batching off) or
     # mlserver-batching.
     setup: str = "mlserver-batching"
     levels: list = field(default_factory=lambda: [1, 4, 16, 64])  # concurrent clients, one level each

@@ -13,6 +13,7 @@ from dataclasses import field
 
 from flyscale.config.base import Section, fraction, positive, section
 from flyscale.config.plugins import PluginSection, canonical, resolve
+from flyscale.plugin.contracts import fixed_workers
 from flyscale.plugin.registry import Resolved
 
 # What model.init_from may name: a registered version (by alias or number) or a run's model.
@@ -240,8 +241,7 @@ class TrainConfig(PluginSection):
     def workers(self) -> int | None:
         """The number of workers this config asks for, where its strategy fixes one (hybrid's
         mesh, `workers(options)`); None where the launcher decides."""
-        method = getattr(self.plugin.plugin, "workers", None)
-        return method(self.plugin.options) if method is not None else None
+        return fixed_workers(self.plugin.plugin, self.plugin.options)
 
 
 @section

@@ -96,7 +96,7 @@ def stored_values(table: pa.Table, info: DatasetInfo) -> dict[str, np.ndarray]:
 
 
 # uint8 pixels are divided by this before a model sees them: the scale image models are built for.
-# The served model divides by the value its serving JSON records (flyscale/export/served.py).
+# The served model divides by the value its serving JSON records (flyscale/export/onnx_pyfunc/predictor.py).
 PIXEL_DIVISOR = 255.0
 
 

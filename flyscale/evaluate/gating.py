@@ -102,7 +102,7 @@ class Judgment:
     test_data: str = ""  # how the test data compared with the champion's, in words ("" = no champion)
     failed: list[str] = field(default_factory=list)  # the failed gates' reasons
     # Drift measured again against `champion`, when validation had measured it against another
-    # reference (flyscale/tracking/reference.py remeasure): what the summary and MLflow then show.
+    # reference (flyscale/tracking/champion_reference.py remeasure): what the summary and MLflow then show.
     remeasured: bool = False
     reference: str = ""  # the reference drift was measured against ("" = none)
     drift: dict[str, float] = field(default_factory=dict)

@@ -177,7 +177,7 @@ class OnnxModule(nn.Module):
         self.runner = session(self.path, spinning=False)
         given = self.runner.get_inputs()[0]
         self.input_name = given.name
-        from flyscale.export.served import ONNX_TYPES
+        from flyscale.export.onnx_pyfunc.predictor import ONNX_TYPES
 
         self.dtype = np.dtype(ONNX_TYPES.get(given.type, "float32"))
 
@@ -270,14 +270,14 @@ def serves_alone(objective: Any) -> bool:
 
 
 def serving(objective: Any, context: Any) -> dict | None:
-    """How the ONNX model answers as the registered model (flyscale/export/served.py), by the
+    """How the ONNX model answers as the registered model (flyscale/export/onnx_pyfunc/), by the
     objective's `serving`; the raw outputs for an objective that serves nothing of its own; None
     for one with its own `predict` and no `serving` (only its PyTorch code knows what it returns)."""
     own = getattr(objective, "serving", None)
     if own is None:
         return {"output": "values", "scalar": False} if serves_alone(objective) else None
     described = dict(own(context))
-    from flyscale.export.served import OUTPUTS
+    from flyscale.export.onnx_pyfunc.predictor import OUTPUTS
 
     if described.get("output") not in OUTPUTS:
         raise ExportError(

@@ -184,18 +184,49 @@ class AugmentationPlugin(Protocol):
     def __call__(self, x: np.ndarray, rng: np.random.Generator, options: Any) -> np.ndarray: ...
 
 
-class StrategyPlugin(Protocol):
-    """Trains `model` on every rank of the job; rank 0's result holds the whole trained model.
+@dataclass(frozen=True)
+class StrategyTraits:
+    """What a strategy is, as the trainer, the preflight and the launcher need to know it: one
+    record a strategy declares as its `traits` attribute, read through `traits_of`."""
 
-    `hooks` (flyscale.api.Hooks) carry the training task's checkpointer and its per-epoch
-    listeners (MLflow's live curves): pass them on to `fit(..., hooks=hooks)` unchanged.
-    Optional attribute `per_worker_batch` (default True): `train.batch_size` rows per worker,
-    as in data parallelism; False when every worker sees the same global batch (pipelining).
-    Optional attribute `meta_model` (default False): True to receive the model on the meta
-    device, for a strategy that materialises only its own part.
-    Optional attribute `reshards` (default False): True when the state it hands `fit` is DTensors
-    (checkpointed through DCP), so a run resumes on another number of workers, its global batch
-    kept; the restart directory is then keyed without the worker count.
+    # train.batch_size rows per worker, the global batch that times the workers; False when every
+    # worker sees the same global batch (pipelining).
+    per_worker_batch: bool = True
+    # The model arrives on the meta device: the strategy materialises only this rank's part.
+    meta_model: bool = False
+    # Its checkpoints (DTensors, through DCP) resume on another number of workers, the global
+    # batch kept; the restart directory is then keyed without the worker count.
+    reshards: bool = False
+
+
+def traits_of(strategy: Any) -> StrategyTraits:
+    """`strategy`'s traits: its `traits` record, or the defaults. A package written against no
+    flyscale may give any object of the same fields, and one written before the record set them
+    as loose attributes of the strategy: both are read here, and nowhere else."""
+    declared = getattr(strategy, "traits", None)
+    if isinstance(declared, StrategyTraits):
+        return declared
+    source = strategy if declared is None else declared
+    names = [f for f in StrategyTraits.__dataclass_fields__ if hasattr(source, f)]
+    return StrategyTraits(**{name: bool(getattr(source, name)) for name in names})
+
+
+def fixed_workers(strategy: Any, options: Any) -> int | None:
+    """The number of workers `options` fix, for a strategy with `workers(options)` (hybrid's
+    mesh); None where the launcher decides. (Here, below config, which asks it.)"""
+    method = getattr(strategy, "workers", None)
+    return method(options) if method is not None else None
+
+
+class StrategyPlugin(Protocol):
+    """A model transform: `parallelize` applies the parallelism to `model` on this rank and says,
+    in a `flyscale.api.Parallelized`, what the trainer needs to train it (the module to step and
+    checkpoint, the evaluator, a step of its own where the standard one does not do, the
+    collectives' clock, the loader where it differs, how rank 0 gets the whole model back). The
+    trainer (`flyscale.api.train`) owns the rest: optimizer, scheduler, step, epochs, checkpoints.
+
+    Optional attribute `traits` (flyscale.api.StrategyTraits; default: its defaults):
+    `per_worker_batch`, `meta_model`, `reshards`.
     Optional method `check(model, cfg, options, world_size)`: raise ValueError, naming the layer
     or setting and the way out, for a model (built on the meta device) or a config this strategy
     cannot train at that world size. It runs before any data is read.
@@ -203,12 +234,14 @@ class StrategyPlugin(Protocol):
     global batch, where that is neither every worker nor one (hybrid: the mesh's dp).
     Optional method `workers(options)`: the number of workers these options fix (hybrid's mesh),
     or None; a local run starts that many.
+
+    The older form, a callable `(model, data, cfg, ctx, options, hooks)` that trains by itself
+    and returns a TrainResult, is still run as it is (passing `hooks` on to `fit`).
     """
 
-    # data: flyscale.api.TrainData, cfg: TrainConfig, ctx: DistContext, hooks: Hooks; returns a
-    # TrainResult. (Those live with the training loop, which is built on config, which is built on
-    # this module.)
-    def __call__(self, model: nn.Module, data: Any, cfg: Any, ctx: Any, options: Any, hooks: Any) -> Any: ...
+    # data: flyscale.api.TrainData, cfg: TrainConfig, ctx: DistContext; returns a Parallelized.
+    # (Those live with the training loop, which is built on config, which is built on this module.)
+    def parallelize(self, model: nn.Module, data: Any, cfg: Any, ctx: Any, options: Any) -> Any: ...
 
 
 class QuantizerPlugin(Protocol):
@@ -298,7 +331,7 @@ class ObjectivePlugin(Protocol):
     params) and (an input example, default params or None), which its signature is inferred
     from. Without them the served model takes float32 inputs and returns the raw outputs.
     Optional `serving(context)`: how the registered model answers without flyscale, from its ONNX
-    export (flyscale/export/served.py): {"output": "probabilities"}, {"output": "values",
+    export (flyscale/export/onnx_pyfunc/predictor.py): {"output": "probabilities"}, {"output": "values",
     "scalar": bool}, or {"output": "text", "window": int, "max_new_tokens": int, "temperature":
     float}. An objective with its own `predict` and no `serving` is registered as a PyTorch model
     that needs flyscale and its plugin to load (a warning says so).
@@ -338,7 +371,11 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "parts": ["options"],
         "part": ["options", "name"],
     },
-    "strategies": {"check": ["model", "cfg", "options", "world_size"]},
+    "strategies": {
+        "check": ["model", "cfg", "options", "world_size"],
+        # The older form: the strategy trains by itself (see StrategyPlugin).
+        "__call__": ["model", "data", "cfg", "ctx", "options", "hooks"],
+    },
     "gates": {"reads": ["options"]},
     "objectives": {
         "pair": ["x", "y"],
@@ -354,6 +391,7 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
 # {kind: {method: its alternative}}.
 ALTERNATIVES: dict[str, dict[str, str]] = {
     "datasets": {"load": "examples"},  # typed examples come as Arrow batches instead of one frame
+    "strategies": {"parallelize": "__call__"},  # the older form, that trains by itself
 }
 
 # Attributes every kind may declare, and their value when a plugin leaves them out.
@@ -361,7 +399,7 @@ OPTIONAL_ATTRIBUTES: dict[str, dict[str, Any]] = {
     "datasets": {"options_type": None, "default_augmentations": (), "streaming": False, "objective": "classification"},
     "models": {"options_type": None},
     "augmentations": {"options_type": None},
-    "strategies": {"options_type": None, "per_worker_batch": True, "meta_model": False, "reshards": False},
+    "strategies": {"options_type": None, "traits": None},
     "quantizers": {"options_type": None, "calibrates": False, "works_on": "torch"},
     "gates": {"options_type": None, "compares_champion": False},
     "objectives": {

@@ -99,6 +99,8 @@ def contract_problems(kind: str, plugin: Any) -> list[str]:
         itself = method == "__call__"  # augmentations and strategies are called directly
         expected = f"({', '.join(params)})" if itself else f"{method}({', '.join(params)})"
         target = plugin if itself else getattr(plugin, method, None)
+        if itself and method in optional and not callable(plugin):  # a strategy in the parallelize form
+            target = None
         if target is None and method in optional:
             continue
         alternative = ALTERNATIVES.get(kind, {}).get(method)

@@ -14,8 +14,8 @@ from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.provenance import CacheReport
 from flyscale.plugin.contracts import GateVerdict
-from flyscale.tracking.publish import Registration
-from flyscale.tracking.registration import Candidate, judged_report, resumed
+from flyscale.tracking.candidate import Candidate, judged_report, resumed
+from flyscale.tracking.log_and_register import Registration
 from flyscale.train.preflight import PreflightReport
 
 # MLflow 3.17's UI opens an experiment on the GenAI overview unless the URL (or the browser's

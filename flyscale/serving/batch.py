@@ -66,9 +66,11 @@ class Scored:
     path: str
 
 
-# The code files flyscale registers its models with (models from code): the ONNX-served model, and
-# the PyTorch one (export.fallback torch). Each needs these artifacts.
-CODE = {"served.py": ("onnx", "serving", "spec"), "model_code.py": ("weights", "spec")}
+# The code files flyscale registers its models with (models from code): the ONNX-served model
+# (python_model.py; served.py in versions registered before flyscale/export/onnx_pyfunc/ was a
+# package), and the PyTorch one (export.fallback torch). Each needs these artifacts.
+ONNX_ARTIFACTS = ("onnx", "serving", "spec")
+CODE = {"python_model.py": ONNX_ARTIFACTS, "served.py": ONNX_ARTIFACTS, "model_code.py": ("weights", "spec")}
 ROWS = 1024  # rows a call of the PyTorch model, which holds no limit of its own
 
 
@@ -133,7 +135,7 @@ class _PyTorchModel:
         self.limits = {"max_rows": ROWS}
 
     def predict(self, x: np.ndarray) -> Any:
-        from flyscale.tracking.serving import predict
+        from flyscale.tracking.model_io import predict
 
         return predict(self.objective, self.model, x, None, self.context)
 
@@ -142,9 +144,9 @@ def _model(code: str, files: dict[str, Path], spec: dict) -> Any:
     """What scores a batch (`predict(x)`, and `limits["max_rows"]`), by flyscale's code."""
     if code == "model_code.py":
         return _PyTorchModel(files, spec)
-    from flyscale.export import served
+    from flyscale.export.onnx_pyfunc.predictor import load
 
-    return served.load(str(files["onnx"]), str(files["serving"]))
+    return load(str(files["onnx"]), str(files["serving"]))
 
 
 def _inputs(cfg: DataConfig, name: str, info: DatasetInfo) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:

@@ -22,8 +22,8 @@ import mlflow
 import numpy as np
 from mlflow.pyfunc import PythonModel
 
+from flyscale.tracking.model_io import predict
 from flyscale.tracking.model_spec import build, objective_of
-from flyscale.tracking.serving import predict
 
 
 class FlyscaleModel(PythonModel):
@@ -36,7 +36,7 @@ class FlyscaleModel(PythonModel):
         tokenizer = context.artifacts.get("tokenizer")
         self.objective, self.context = objective_of(spec, Path(tokenizer).read_text() if tokenizer else "")
 
-    # A type hint MLflow neither validates nor converts (see flyscale/export/served.py): without
+    # A type hint MLflow neither validates nor converts (see flyscale/export/onnx_pyfunc/python_model.py): without
     # one, MLflow warns each time this file runs; with it, the signature and the input stay as they were.
     def predict(self, context, model_input: np.ndarray, params: dict | None = None) -> Any:
         return predict(self.objective, self.model, model_input, params, self.context)

@@ -243,7 +243,7 @@ class ModelFiles:
     weights_path: str
     spec_json: str  # flyscale/tracking/model_spec.py
     tokenizer_json: str = ""
-    # The model as ONNX: registered to be served by ONNX Runtime alone (flyscale/export/served.py)
+    # The model as ONNX: registered to be served by ONNX Runtime alone (flyscale/export/onnx_pyfunc/)
     # where its objective says how; "" (or an objective that cannot say) keeps the PyTorch model.
     onnx_path: str = ""
     # What one request may ask of the ONNX-served model (ServingConfig.limits()), written into its
@@ -272,9 +272,9 @@ def save_model(files: ModelFiles, path: str, tmp: str) -> None:
 def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     """What mlflow.pyfunc's log_model or save_model takes for a pickle-free flyscale model (files
     written under `tmp`), with the signature, input example and inference params its objective
-    gives (flyscale/tracking/serving.py).
+    gives (flyscale/tracking/model_io.py).
 
-    With an ONNX file, and an objective that says how it serves: flyscale/export/served.py as the
+    With an ONNX file, and an objective that says how it serves: flyscale/export/onnx_pyfunc/ as the
     code and ONNX Runtime, numpy (and a BPE's tokenizers) as its only requirements; the weights
     and spec ride along for fine-tuning. Otherwise flyscale/tracking/model_code.py, which needs
     torch, flyscale and the model's plugin."""
@@ -282,9 +282,10 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
 
     from flyscale.data.fields import PIXEL_DIVISOR, model_input_shape
     from flyscale.export import onnx as onnx_export
-    from flyscale.export import served
+    from flyscale.export import onnx_pyfunc
+    from flyscale.export.onnx_pyfunc.predictor import LIMITS, Served
     from flyscale.tracking import model_code as mlflow_model
-    from flyscale.tracking import serving
+    from flyscale.tracking import model_io
     from flyscale.tracking.model_spec import build, objective_of
 
     spec_file = Path(tmp) / f"{name}_spec.json"
@@ -296,7 +297,7 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         artifacts["tokenizer"] = str(tokenizer_file)
     spec = json.loads(files.spec_json)
     objective, context = objective_of(spec, files.tokenizer_json)
-    example, params = serving.example(objective, context)
+    example, params = model_io.example(objective, context)
     exported = files.onnx_path
     how = onnx_export.serving(objective, context) if exported else None
     metadata = None
@@ -307,13 +308,14 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
         if field is not None and field.dtype == "uint8":  # pixels: the served model scales them as training did
             how["input"]["pixels"] = {"divisor": PIXEL_DIVISOR}
-        how["limits"] = {**served.LIMITS, **files.limits}  # enforced wherever the model is served
+        how["limits"] = {**LIMITS, **files.limits}  # enforced wherever the model is served
         serving_file = Path(tmp) / f"{name}_serving.json"
         serving_file.write_text(json.dumps(how, sort_keys=True))
         artifacts.update({"onnx": exported, "serving": str(serving_file)})
-        model = served.Served(exported, how, files.tokenizer_json)
+        model = Served(exported, how, files.tokenizer_json)
         answer = model.predict(example, params)
-        code = served.__file__
+        # The model's code is the package's python_model.py; the package travels beside it.
+        code, code_paths = onnx_pyfunc.PYTHON_MODEL, [onnx_pyfunc.CODE]
         requirements = _onnx_requirements(bool(files.tokenizer_json), images=model.images)
         # MLflow's signature cannot say "uint8 pixels, floats in [0, 1] or PNG files"; the MLmodel
         # file's metadata says, in words, what the model takes, refuses and returns.
@@ -327,13 +329,14 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
                 name,
                 spec.get("objective", {}).get("name"),
             )
-        answer = serving.predict(objective, build(spec, files.weights_path), example, params, context)
-        code, requirements = mlflow_model.__file__, _pip_requirements(bool(files.tokenizer_json))
+        answer = model_io.predict(objective, build(spec, files.weights_path), example, params, context)
+        code, code_paths, requirements = mlflow_model.__file__, None, _pip_requirements(bool(files.tokenizer_json))
     signature = infer_signature(example, answer, params)
     if inputs is not None:
         signature.inputs = inputs
     return {
         "python_model": code,
+        "code_paths": code_paths,
         "artifacts": artifacts,
         "signature": signature,
         "input_example": (example, params) if params else example,
@@ -344,7 +347,7 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
 
 def _served_inputs(output: str):
     """The signature's inputs for the ONNX-served model: whatever was sent reaches the model,
-    which checks it itself (flyscale/export/served.py) and refuses in one line.
+    which checks it itself (flyscale/export/onnx_pyfunc/) and refuses in one line.
 
     A tensor model's is `Tensor('object', (-1,))`, which MLflow (3.17) passes unchanged: a float32
     tensor would turn integer pixels into floats before the model could tell them apart, and
@@ -356,7 +359,7 @@ def _served_inputs(output: str):
     from mlflow.types import ColSpec, Schema, TensorSpec
     from mlflow.types.schema import AnyType
 
-    from flyscale.export.served import INPUT
+    from flyscale.export.onnx_pyfunc.predictor import INPUT
 
     if output == "text":
         return Schema([ColSpec(AnyType())])
@@ -364,7 +367,7 @@ def _served_inputs(output: str):
 
 
 def _onnx_requirements(tokenizer: bool = False, images: bool = False) -> list[str]:
-    """What the served model imports (flyscale/export/served.py), pinned to what it was checked
+    """What the served model imports (flyscale/export/onnx_pyfunc/), pinned to what it was checked
     with: onnxruntime; Pillow for an image model, to decode a PNG or JPEG sent to it exactly as
     training decoded its files."""
     named = [f"mlflow=={_version('mlflow')}", f"onnxruntime=={_version('onnxruntime')}", f"numpy=={_version('numpy')}"]

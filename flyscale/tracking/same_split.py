@@ -50,7 +50,7 @@ class RegisteredModule(nn.Module):
         super().__init__()
         self.pyfunc = pyfunc
         inner = pyfunc.unwrap_python_model()
-        self.served = getattr(inner, "served", None)  # flyscale/export/served.py's model
+        self.served = getattr(inner, "served", None)  # flyscale/export/onnx_pyfunc/python_model.py's model
         self.torch_model = getattr(inner, "model", None)  # flyscale/tracking/model_code.py's
         if self.served is not None:
             self.output = str(self.served.serving["output"])

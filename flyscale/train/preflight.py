@@ -15,7 +15,7 @@ Why the comparison is fair:
 - the validation loss after each epoch is the loss *after* each update, so the last step is
   checked too;
 - the global batch is `batch_size x world` for strategies that shard the data (DDP) and
-  `batch_size` for those whose workers all see one batch (pipeline: `per_worker_batch = False`);
+  `batch_size` for those whose workers all see one batch (pipeline: `per_worker_batch=False` in its traits);
   `effective_lr` scales by the global batch, so both sides use the same learning rate;
 - both models start from the same seed, with dropout switched off: its masks are random
   draws that differ between one process and N, and are not what this check is about.
@@ -37,11 +37,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from flyscale.config import PreflightConfig, TrainConfig
-from flyscale.train import meta
+from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData, make_loader
 from flyscale.train.distributed import DistContext, local_world_size
 from flyscale.train.evaluator import evaluate_split
-from flyscale.train.loop import fit
 from flyscale.train.step import make_optimizer, make_scheduler, standard_step
 from flyscale.train.strategies import replicas
 from flyscale.train.telemetry import TrainHistory, data_parallel_knobs
@@ -129,7 +128,7 @@ def single_process(model: nn.Module, data: TrainData, cfg: TrainConfig, device: 
     scheduler = make_scheduler(optimizer, cfg, len(loader))
     step = standard_step(model, optimizer, cfg, device, scheduler, objective=data.objective)
     evaluate = evaluate_split(model, data.x_val, data.y_val, ctx, objective=data.objective)
-    return fit(model, step, loader, evaluate, cfg, ctx, strategy="reference", optimizer=optimizer)
+    return trainer.fit(model, step, loader, evaluate, cfg, ctx, strategy="reference", optimizer=optimizer)
 
 
 def compare(reference: TrainHistory, worker_group: TrainHistory, rtol: float, strategy: str) -> PreflightReport:
@@ -289,7 +288,7 @@ def run_preflight(
     log.info("preflight: %d steps of %s at world size %d against one process", pcfg.steps, cfg.strategy, ctx.world_size)
     with quiet_training_logs():
         torch.manual_seed(cfg.seed)
-        worker_group = strategy_fn(without_dropout(build_model()), data, cfg, ctx, options).history
+        worker_group = trainer.train(strategy_fn, without_dropout(build_model()), data, cfg, ctx, options).history
         if not ctx.is_main:
             return None
         torch.manual_seed(cfg.seed)

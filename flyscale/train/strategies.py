@@ -1,5 +1,6 @@
-"""The training strategy, chosen by name in `train.strategy`: a plugin function applied to the
-model (`ddp`, `pipeline`, or a third party's)."""
+"""The training strategy, chosen by name in `train.strategy`: a plugin that applies its
+parallelism to the model (`ddp`, `fsdp`, `pipeline`, `hybrid`, or a third party's). What a
+strategy is and may do is read here (its traits through `traits_of`), nowhere else."""
 
 from __future__ import annotations
 
@@ -8,12 +9,20 @@ from typing import Any
 from torch import nn
 
 from flyscale.config import TrainConfig
+from flyscale.plugin.contracts import StrategyTraits as StrategyTraits  # the record, for callers of this module
+from flyscale.plugin.contracts import fixed_workers as fixed_workers
+from flyscale.plugin.contracts import traits_of
 from flyscale.train import meta, step
 
 
 def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The configured training strategy function and its parsed options."""
+    """The configured training strategy and its parsed options."""
     return cfg.plugin.plugin, cfg.plugin.options
+
+
+def parallelizes(strategy: Any) -> bool:
+    """Whether `strategy` is a model transform (`parallelize`), not the older training function."""
+    return callable(getattr(strategy, "parallelize", None))
 
 
 def replicas(strategy: Any, options: Any, world_size: int) -> int:
@@ -23,7 +32,7 @@ def replicas(strategy: Any, options: Any, world_size: int) -> int:
     method = getattr(strategy, "replicas", None)
     if method is not None:
         return int(method(options, world_size))
-    return world_size if getattr(strategy, "per_worker_batch", True) else 1
+    return world_size if traits_of(strategy).per_worker_batch else 1
 
 
 def any_worker_count(cfg: TrainConfig) -> bool:
@@ -31,20 +40,24 @@ def any_worker_count(cfg: TrainConfig) -> bool:
     the same global batch (ddp, fsdp: every worker takes its share of each batch), so that
     FLYSCALE_NPROC_PER_NODE=auto may choose the count. Not a pipeline's stages or a mesh."""
     fn = cfg.plugin.plugin
-    return (
-        bool(getattr(fn, "per_worker_batch", True)) and getattr(fn, "replicas", None) is None and cfg.workers() is None
-    )
+    return traits_of(fn).per_worker_batch and getattr(fn, "replicas", None) is None and cfg.workers() is None
 
 
 def wants_meta_model(cfg: TrainConfig) -> bool:
-    """Whether the configured strategy takes its model on the meta device (`meta_model = True`)."""
-    return bool(cfg.plugin.attribute("meta_model"))
+    """Whether the configured strategy takes its model on the meta device (`meta_model`)."""
+    return traits_of(cfg.plugin.plugin).meta_model
 
 
 def reshards(cfg: TrainConfig) -> bool:
     """Whether the configured strategy's checkpoints resume on another number of workers
-    (`reshards = True`: its state is DTensors, saved through DCP)."""
-    return bool(cfg.plugin.attribute("reshards"))
+    (`reshards`: its state is DTensors, saved through DCP)."""
+    return traits_of(cfg.plugin.plugin).reshards
+
+
+def per_worker_batch(cfg: TrainConfig) -> bool:
+    """Whether `train.batch_size` is rows per worker under the configured strategy (else every
+    worker sees the global batch: pipelining)."""
+    return traits_of(cfg.plugin.plugin).per_worker_batch
 
 
 def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -12,22 +11,12 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from flyscale.config import TrainConfig
-from flyscale.train.batches import Batches, TrainData
+from flyscale.plugin.contracts import StrategyTraits
+from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
-from flyscale.train.state import TrainState
-from flyscale.train.step import (
-    enable_activation_checkpointing,
-    make_optimizer,
-    make_scheduler,
-    standard_step,
-)
+from flyscale.train.step import enable_activation_checkpointing
 from flyscale.train.telemetry import InFlight, data_parallel_knobs
-
-
-def train_loader(data: TrainData, cfg: TrainConfig, ctx: DistContext) -> Batches:
-    """Per-rank batches of `cfg.batch_size`; every rank gets the same count."""
-    return data.train_loader(cfg, ctx)
+from flyscale.train.trainer import Parallelized
 
 
 @dataclass
@@ -93,53 +82,22 @@ class DDP:
     """Data parallelism with DistributedDataParallel (or plainly, when running alone)."""
 
     options_type = DDPOptions
-    per_worker_batch = True  # batch_size rows per rank; the global batch is that times the world size
-    reshards = True  # its checkpoints resume on another number of workers, the global batch kept
+    # batch_size rows per rank (the global batch is that times the world size); its checkpoints
+    # resume on another number of workers, the global batch kept.
+    traits = StrategyTraits(per_worker_batch=True, reshards=True)
 
-    def __call__(
-        self,
-        model: nn.Module,
-        data: TrainData,
-        cfg: TrainConfig,
-        ctx: DistContext,
-        options: DDPOptions,
-        hooks: Hooks = NO_HOOKS,
-    ) -> TrainResult:
-        """Train `model` on this rank's shard of every epoch; every rank ends with the whole model."""
-        return _train(model, data, cfg, ctx, options, hooks)
-
-
-def _train(
-    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions, hooks: Hooks
-) -> TrainResult:
-    model = model.to(ctx.device)
-    if cfg.activation_checkpointing:
-        enable_activation_checkpointing(model)
-    wrapped: nn.Module = model
-    no_sync: Callable[[], AbstractContextManager] | None = None
-    grad_comm_seconds = None
-    if ctx.distributed:
-        ddp_model, grad_comm_seconds = wrap(model, cfg, ctx.device, options)
-        wrapped, no_sync = ddp_model, ddp_model.no_sync
-    loader = train_loader(data, cfg, ctx)
-    optimizer = make_optimizer(model, cfg, ctx.world_size)
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
-    step = standard_step(wrapped, optimizer, cfg, ctx.device, scheduler, no_sync, objective=data.objective)
-    history = fit(
-        wrapped,
-        step,
-        loader,
-        data.evaluator(model, ctx),
-        cfg,
-        ctx,
-        strategy="ddp",
-        optimizer=optimizer,
-        grad_comm_seconds=grad_comm_seconds,
+    def parallelize(
+        self, model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: DDPOptions
+    ) -> Parallelized:
+        """`model` (on this rank's device) in DDP; every rank trains on its shard of each epoch and
+        ends with the whole model."""
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(model)
+        if not ctx.distributed:
+            return Parallelized("ddp", model)
         # Every rank holds the same state: rank 0 alone writes it to a checkpoint.
-        state=TrainState(model, optimizer, scheduler, step.scaler),
-        hooks=hooks,
-    )
-    return TrainResult(model=model, history=history)
+        wrapped, grad_comm_seconds = wrap(model, cfg, ctx.device, options)
+        return Parallelized("ddp", model, forward=wrapped, no_sync=wrapped.no_sync, grad_comm_seconds=grad_comm_seconds)
 
 
 ddp = DDP()

@@ -25,14 +25,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from flyscale.config import TrainConfig
+from flyscale.plugin.contracts import StrategyTraits
 from flyscale.train import meta
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
 from flyscale.train.objective import scored
-from flyscale.train.state import TrainState
-from flyscale.train.step import make_optimizer, make_scheduler, standard_step
 from flyscale.train.telemetry import InFlight
+from flyscale.train.trainer import Parallelized
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -252,65 +251,37 @@ class FSDP:
     the ranks, each unit's parameters gathered only while it runs. Alone, it trains plainly."""
 
     options_type = FSDPOptions
-    per_worker_batch = True  # batch_size rows per rank, as under ddp
-    meta_model = True  # each rank gives storage to its own shards only
-    reshards = True  # its checkpoints (DCP) resume on another number of workers
+    # batch_size rows per rank, as under ddp; each rank gives storage to its own shards only; its
+    # checkpoints (DCP) resume on another number of workers.
+    traits = StrategyTraits(per_worker_batch=True, meta_model=True, reshards=True)
 
-    def __call__(
-        self,
-        model: nn.Module,
-        data: TrainData,
-        cfg: TrainConfig,
-        ctx: DistContext,
-        options: FSDPOptions,
-        hooks: Hooks = NO_HOOKS,
-    ) -> TrainResult:
-        """Train `model` sharded over every rank; rank 0 ends with the whole trained model."""
-        return _train(model, data, cfg, ctx, options, hooks)
+    def parallelize(
+        self, model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: FSDPOptions
+    ) -> Parallelized:
+        """`model` (on the meta device) sharded over every rank; rank 0 ends with the whole model."""
+        # Still on the meta device: the layers' shapes, to draw initial values from, and at the end
+        # the whole model rank 0 gathers into.
+        template = copy.deepcopy(model) if ctx.distributed else model
+        units = units_of(model, options)
+        if cfg.activation_checkpointing:
+            checkpoint_units(units)
+        if not ctx.distributed:
+            return Parallelized("fsdp", meta.materialise(model, ctx.device, cfg.seed))
+        model = shard(model, template, ctx, options, cfg.seed)  # the optimizer's state is sharded too
+        return Parallelized(
+            "fsdp",
+            model,
+            no_sync=lambda: no_gradient_sync(model),
+            evaluate=lockstep_evaluator(model, data, ctx),
+            grad_comm_seconds=timed_collectives(model) if options.time_comm else None,
+            whole=lambda: gather(model, template, ctx),
+        )
 
     def check(self, model: nn.Module, cfg: TrainConfig, options: FSDPOptions, world_size: int) -> None:
         """Before any data work: the units exist, and offloading asks for a GPU."""
         units_of(model, options)
         if options.cpu_offload and not torch.cuda.is_available():
             raise ValueError("train.options.cpu_offload moves shards between host and GPU memory: it needs CUDA")
-
-
-def _train(
-    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: FSDPOptions, hooks: Hooks
-) -> TrainResult:
-    # Still on the meta device: the layers' shapes, to draw initial values from, and at the end
-    # the whole model rank 0 gathers into.
-    template = copy.deepcopy(model) if ctx.distributed else model
-    units = units_of(model, options)
-    if cfg.activation_checkpointing:
-        checkpoint_units(units)
-    comm: InFlight | None = None
-    if ctx.distributed:
-        model = shard(model, template, ctx, options, cfg.seed)
-        no_sync: Callable[[], contextlib.AbstractContextManager] | None = lambda: no_gradient_sync(model)  # noqa: E731
-        evaluate = lockstep_evaluator(model, data, ctx)
-        comm = timed_collectives(model) if options.time_comm else None
-    else:
-        model = meta.materialise(model, ctx.device, cfg.seed)
-        no_sync, evaluate = None, data.evaluator(model, ctx)
-    loader = data.train_loader(cfg, ctx)
-    optimizer = make_optimizer(model, cfg, ctx.world_size)  # over the shards: its state is sharded too
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
-    step = standard_step(model, optimizer, cfg, ctx.device, scheduler, no_sync, objective=data.objective)
-    history = fit(
-        model,
-        step,
-        loader,
-        evaluate,
-        cfg,
-        ctx,
-        strategy="fsdp",
-        optimizer=optimizer,
-        grad_comm_seconds=comm,
-        state=TrainState(model, optimizer, scheduler, step.scaler),
-        hooks=hooks,
-    )
-    return TrainResult(model=gather(model, template, ctx) if ctx.distributed else model, history=history)
 
 
 fsdp = FSDP()

@@ -28,13 +28,13 @@ import torch
 from torch import nn
 
 from flyscale.config import TrainConfig
+from flyscale.plugin.contracts import StrategyTraits
 from flyscale.train import meta
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
 from flyscale.train.objective import pairing, scored
-from flyscale.train.state import TrainState
-from flyscale.train.step import StepFn, make_optimizer, make_scheduler, standard_step
+from flyscale.train.step import StepFn
+from flyscale.train.trainer import Parallelized
 from flyscale_plugins.strategies import fsdp, pipeline
 
 MODEL_DIMENSIONS = {"pp": "pipeline", "tp": "tensor"}
@@ -218,19 +218,6 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, ctx: DistCon
             g.mul_(scale)
 
 
-def counted_once(step: StepFn, counts: bool) -> StepFn:
-    """`step`, reporting its rows, loss and hits only where `counts`: the tp ranks of a replica
-    all compute the same loss on the same rows, and `fit` sums over ranks."""
-    if counts:
-        return step
-
-    def quiet(xb: torch.Tensor, yb: torch.Tensor):
-        loss, correct, _ = step(xb, yb)
-        return loss * 0, None if correct is None else correct * 0, 0
-
-    return quiet
-
-
 def lockstep_scores(
     forward: Callable[[torch.Tensor, torch.Tensor], tuple[float, float, float] | None],
     data: TrainData,
@@ -259,8 +246,9 @@ class Hybrid:
     mesh dimension. Alone, it trains plainly."""
 
     options_type = HybridOptions
-    per_worker_batch = True  # batch_size rows per data-parallel replica (see `replicas`)
-    meta_model = True  # each rank gives storage to its own part only
+    # batch_size rows per data-parallel replica (see `replicas`); each rank gives storage to its
+    # own part only.
+    traits = StrategyTraits(per_worker_batch=True, meta_model=True)
 
     def workers(self, options: HybridOptions) -> int | None:
         """The workers the mesh asks for (dp x the other degree); None when dp is left to the job."""
@@ -270,22 +258,16 @@ class Hybrid:
         """How many data-parallel replicas share the global batch: the mesh's dp."""
         return options.degrees(world_size)[0] if world_size > 1 else 1
 
-    def __call__(
-        self,
-        model: nn.Module,
-        data: TrainData,
-        cfg: TrainConfig,
-        ctx: DistContext,
-        options: HybridOptions,
-        hooks: Hooks = NO_HOOKS,
-    ) -> TrainResult:
-        """Train on the mesh; rank 0 ends with the whole trained model."""
+    def parallelize(
+        self, model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: HybridOptions
+    ) -> Parallelized:
+        """`model` (on the meta device) laid out on the mesh; rank 0 ends with the whole model."""
         if not ctx.distributed:
-            return fsdp.fsdp(model, data, cfg, ctx, fsdp.FSDPOptions(), hooks)  # alone: plainly
+            return fsdp.fsdp.parallelize(model, data, cfg, ctx, fsdp.FSDPOptions())  # alone: plainly
         lay = layout(ctx, options)
         if options.model_dim == "tp":
-            return _train_tp(model, data, cfg, ctx, options, hooks, lay)
-        return _train_pp(model, data, cfg, ctx, options, hooks, lay)
+            return _tensor_parallel(model, data, cfg, ctx, options, lay)
+        return _pipeline_parallel(model, data, cfg, ctx, options, lay)
 
     def check(self, model: nn.Module, cfg: TrainConfig, options: HybridOptions, world_size: int) -> None:
         """Before any data work: the mesh fits the workers, and the model splits along it."""
@@ -298,15 +280,9 @@ class Hybrid:
             pipeline.check_stages(model, cfg, options.pipeline_options(), degree)
 
 
-def _train_tp(
-    model: nn.Module,
-    data: TrainData,
-    cfg: TrainConfig,
-    ctx: DistContext,
-    options: HybridOptions,
-    hooks: Hooks,
-    lay: Layout,
-) -> TrainResult:
+def _tensor_parallel(
+    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: HybridOptions, lay: Layout
+) -> Parallelized:
     # On meta: the shapes to draw initial values from, and the model rank 0 gathers into.
     template = copy.deepcopy(model)
     units = fsdp.units_of(model, fsdp.FSDPOptions())
@@ -318,19 +294,6 @@ def _train_tp(
     for _, values in meta.initial_values(template, cfg.seed):
         fsdp.load_shards(model, values)
     counts = lay.model_rank == 0
-    loader = data.train_loader(cfg, lay.data_ctx)
-    optimizer = make_optimizer(model, cfg, lay.dp)  # the lr follows the global batch: dp replicas
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
-    step = standard_step(
-        model,
-        optimizer,
-        cfg,
-        ctx.device,
-        scheduler,
-        lambda: fsdp.no_gradient_sync(model),
-        objective=data.objective,
-        clip=lambda max_norm: clip_grad_norm(model.parameters(), max_norm, ctx, ctx.world_size),
-    )
 
     def forward(x: torch.Tensor, y: torch.Tensor):
         was = model.training
@@ -340,31 +303,22 @@ def _train_tp(
         finally:
             model.train(was)
 
-    history = fit(
+    return Parallelized(
+        "hybrid",
         model,
-        counted_once(step, counts),
-        loader,
-        lockstep_scores(forward, data, lay, counts),
-        cfg,
-        ctx,
-        strategy="hybrid",
-        optimizer=optimizer,
+        no_sync=lambda: fsdp.no_gradient_sync(model),
+        clip=lambda max_norm: clip_grad_norm(model.parameters(), max_norm, ctx, ctx.world_size),
+        counts=counts,
+        evaluate=lockstep_scores(forward, data, lay, counts),
+        loader=data.train_loader(cfg, lay.data_ctx),
         grad_comm_seconds=fsdp.timed_collectives(model),  # dp's gathers and reductions (not tp's all-reduces)
-        state=TrainState(model, optimizer, scheduler, step.scaler),
-        hooks=hooks,
+        whole=lambda: fsdp.gather(model, template, ctx),
     )
-    return TrainResult(model=fsdp.gather(model, template, ctx), history=history)
 
 
-def _train_pp(
-    model: nn.Module,
-    data: TrainData,
-    cfg: TrainConfig,
-    ctx: DistContext,
-    options: HybridOptions,
-    hooks: Hooks,
-    lay: Layout,
-) -> TrainResult:
+def _pipeline_parallel(
+    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: HybridOptions, lay: Layout
+) -> Parallelized:
     from torch.distributed.pipelining import PipelineStage
 
     pipeline.check_stages(model, cfg, options.pipeline_options(), lay.degree)
@@ -380,19 +334,19 @@ def _train_pp(
         stage, n_microbatches=options.microbatches, loss_fn=data.objective.loss
     )
     local = pipeline.LocalStage(module, schedule, lay.model_rank == 0, lay.model_rank == lay.degree - 1, data.objective)
-    optimizer = make_optimizer(module, cfg, lay.dp)
-    loader = data.train_loader(cfg, lay.data_ctx, drop_last=True)  # the schedule's buffers have a fixed shape
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
 
-    def step(xb: torch.Tensor, yb: torch.Tensor):
-        optimizer.zero_grad(set_to_none=True)
-        loss, correct = pipeline.forward_backward(local, xb, yb)  # dp gradients reduced after the last micro-batch
-        if cfg.grad_clip_norm > 0:
-            clip_grad_norm(module.parameters(), cfg.grad_clip_norm, ctx, lay.dp)
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        return loss, correct, len(yb) if local.is_last else 0
+    def step_with(optimizer: torch.optim.Optimizer, scheduler) -> StepFn:
+        def step(xb: torch.Tensor, yb: torch.Tensor):
+            optimizer.zero_grad(set_to_none=True)
+            loss, correct = pipeline.forward_backward(local, xb, yb)  # dp gradients reduced after the last micro-batch
+            if cfg.grad_clip_norm > 0:
+                clip_grad_norm(module.parameters(), cfg.grad_clip_norm, ctx, lay.dp)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            return loss, correct, len(yb) if local.is_last else 0
+
+        return step
 
     peers = pp_group.mesh.tolist()  # the global ranks of this replica's stages, in stage order
     pair = pairing(data.objective)
@@ -411,20 +365,16 @@ def _train_pp(
         finally:
             module.train()
 
-    history = fit(
-        model,
-        step,
-        loader,
-        lockstep_scores(forward, data, lay, local.is_last),
-        cfg,
-        ctx,
+    return Parallelized(
         "hybrid",
-        optimizer,
+        module,
+        stage=True,
+        step=step_with,
+        evaluate=lockstep_scores(forward, data, lay, local.is_last),
+        loader=data.train_loader(cfg, lay.data_ctx, drop_last=True),  # the schedule's buffers have a fixed shape
         grad_comm_seconds=fsdp.timed_collectives(module),  # dp's gathers and reductions (not the stages' sends)
-        state=TrainState(module, optimizer, scheduler, stage=True),
-        hooks=hooks,
+        whole=lambda: _assemble(template, module, lay, ctx),
     )
-    return TrainResult(model=_assemble(template, module, lay, ctx), history=history)
 
 
 def _assemble(template: nn.Module, module: nn.Module, lay: Layout, ctx: DistContext) -> nn.Module:

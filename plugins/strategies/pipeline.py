@@ -20,14 +20,14 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import _PipelineSchedule as PipelineSchedule
 
 from flyscale.config import TrainConfig
+from flyscale.plugin.contracts import StrategyTraits
 from flyscale.train import meta
 from flyscale.train.batches import Batches, TrainData
 from flyscale.train.distributed import DistContext
-from flyscale.train.loop import NO_HOOKS, Hooks, TrainResult, fit
 from flyscale.train.objective import default as default_objective
 from flyscale.train.objective import pairing
-from flyscale.train.state import TrainState
-from flyscale.train.step import StepFn, make_optimizer, make_scheduler
+from flyscale.train.step import StepFn
+from flyscale.train.trainer import Parallelized
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved_1f1b": ScheduleInterleaved1F1B}
 
@@ -369,55 +369,33 @@ class Pipeline:
 
     options_type = PipelineOptions
     # `train.batch_size` is the global batch: every stage sees it (the preflight needs to know).
-    per_worker_batch = False
-    meta_model = True  # the training task hands it the model on the meta device: each rank materialises its stage
-    reshards = True  # its checkpoints resume on another number of stages (every stage sees the global batch)
+    # Each rank materialises its stage; its checkpoints resume on another number of stages.
+    traits = StrategyTraits(per_worker_batch=False, meta_model=True, reshards=True)
 
-    def __call__(
-        self,
-        model: nn.Module,
-        data: TrainData,
-        cfg: TrainConfig,
-        ctx: DistContext,
-        options: PipelineOptions,
-        hooks: Hooks = NO_HOOKS,
-    ) -> TrainResult:
-        """Train this rank's stage of `model`; rank 0 ends with the whole trained model."""
-        return _train(model, data, cfg, ctx, options, hooks)
+    def parallelize(
+        self, model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions
+    ) -> Parallelized:
+        """This rank's stage of `model`, stepped by the schedule; rank 0 ends with the whole model."""
+        _check_batches(data, cfg, options)
+        refuse_running_statistics(model)
+        stage = build_stage(model, ctx, options, seed=cfg.seed, objective=data.objective)
+        alone = stage.schedule is None
+        # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
+        return Parallelized(
+            "pipeline",
+            stage.module,
+            stage=not alone,
+            step=lambda optimizer, scheduler: pipeline_step(stage, optimizer, cfg, ctx, scheduler),
+            evaluate=None if alone else stage_evaluator(stage, data, ctx),
+            loader=train_loader(data, cfg, ctx),
+            whole=(lambda: model) if alone else lambda: assemble(model, stage, ctx),
+        )
 
     def check(self, model: nn.Module, cfg: TrainConfig, options: PipelineOptions, world_size: int) -> None:
         """Before any data work: the model cuts into `world_size` stages (an nn.Sequential, with
         trainable layers in each), keeps no running statistics, and the config is one this
         strategy applies."""
         check_stages(model, cfg, options, world_size)
-
-
-def _train(
-    model: nn.Module, data: TrainData, cfg: TrainConfig, ctx: DistContext, options: PipelineOptions, hooks: Hooks
-) -> TrainResult:
-    _check_batches(data, cfg, options)
-    refuse_running_statistics(model)
-    stage = build_stage(model, ctx, options, seed=cfg.seed, objective=data.objective)
-    # lr scaling follows the global batch, which here is train.batch_size whatever the world size.
-    optimizer = make_optimizer(stage.module, cfg, world_size=1)
-    loader = train_loader(data, cfg, ctx)
-    scheduler = make_scheduler(optimizer, cfg, len(loader))
-    evaluate = stage_evaluator(stage, data, ctx) if stage.schedule is not None else data.evaluator(stage.module, ctx)
-    # Each rank checkpoints its own stage and that stage's optimizer state (no rank holds all).
-    state = TrainState(stage.module, optimizer, scheduler, stage=stage.schedule is not None)
-    history = fit(
-        model,
-        pipeline_step(stage, optimizer, cfg, ctx, scheduler),
-        loader,
-        evaluate,
-        cfg,
-        ctx,
-        "pipeline",
-        optimizer,
-        state=state,
-        hooks=hooks,
-    )
-    return TrainResult(model=assemble(model, stage, ctx) if stage.schedule is not None else model, history=history)
 
 
 pipeline = Pipeline()

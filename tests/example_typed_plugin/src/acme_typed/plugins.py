@@ -1,5 +1,6 @@
-"""`acme_max_loss` (a gate on test loss, lower is better) and `acme_linear` (a linear classifier),
-annotated with flyscale's Protocols and returning flyscale's own types."""
+"""`acme_max_loss` (a gate on test loss, lower is better), `acme_linear` (a linear classifier) and
+`acme_replicated` (a training strategy in the parallelize form: the model in DDP), annotated with
+flyscale's Protocols and returning flyscale's own types."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from flyscale.api import DatasetInfo, GatePlugin, GateVerdict, ModelPlugin
+from flyscale.api import DatasetInfo, GatePlugin, GateVerdict, ModelPlugin, Parallelized, StrategyTraits
 
 
 @dataclass
@@ -39,3 +40,21 @@ class Linear(ModelPlugin):
 
 max_loss = MaxLoss()
 linear = Linear()
+
+
+class Replicated:
+    """Every worker trains the whole model on its share of each batch: only `parallelize` and
+    `traits`; flyscale's trainer does the rest."""
+
+    traits = StrategyTraits(per_worker_batch=True, reshards=True)  # its checkpoints are DCP's, as every one is
+
+    def parallelize(self, model: nn.Module, data, cfg, ctx, options) -> Parallelized:
+        if not ctx.distributed:
+            return Parallelized("acme_replicated", model)
+        from torch.nn.parallel import DistributedDataParallel
+
+        wrapped = DistributedDataParallel(model)
+        return Parallelized("acme_replicated", model, forward=wrapped, no_sync=wrapped.no_sync)
+
+
+replicated = Replicated()

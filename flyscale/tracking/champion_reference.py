@@ -20,6 +20,7 @@ from flyscale.tracking.store import (
     REFERENCE_TAG,
     REFERENCE_URI_TAG,
     client_settings,
+    mlflow_errors,
     tracking_uri,
 )
 
@@ -44,7 +45,7 @@ def read_reference(cfg: MlflowConfig, reference_file: str, data_sha256: str) -> 
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    with client_settings(cfg), champion.mlflow_errors(f"reading the data reference of {cfg.model_name!r}"):
+    with client_settings(cfg), mlflow_errors(f"reading the data reference of {cfg.model_name!r}"):
         client = MlflowClient(tracking_uri())
         version = champion.current_version(client, cfg.model_name, cfg.alias)
         if version is not None and version.tags.get(DATA_TAG) == data_sha256:
@@ -109,7 +110,7 @@ def remeasure(cfg: MlflowConfig, judged: ChampionRef, validated_against: str, pr
         )
     from mlflow import MlflowClient
 
-    with client_settings(cfg), champion.mlflow_errors(f"reading the data reference of {judged.label()}"):
+    with client_settings(cfg), mlflow_errors(f"reading the data reference of {judged.label()}"):
         client = MlflowClient(tracking_uri())
         ref = _recorded(client, client.get_model_version(cfg.model_name, judged.version))
     was = validated_against or "no reference"

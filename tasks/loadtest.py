@@ -54,7 +54,7 @@ def load_test_model(
     plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
     if not cfg.loadtest:
         return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())
-    from flyscale.serving import study
+    from flyscale.serving import compare_servers
     from flyscale.serving.repository import Batching
     from flyscale.tracking import run_log
     from flyscale.tracking.model_spec import spec_json
@@ -70,10 +70,12 @@ def load_test_model(
         limits=cfg.limits(),
     )
     run_log.save_model(files, str(tmp / "model"), str(tmp))
-    target = study.local_target(tmp / "model", "candidate")
+    target = compare_servers.local_target(tmp / "model", "candidate")
     batching = Batching(cfg.max_batch_size, cfg.max_delay_ms)
-    (report,) = study.run(target, [cfg.setup], cfg.levels, cfg.requests, batching, Path(cfg.envs).expanduser())
-    study.figure([report]).savefig(plots / "latency_throughput.png", dpi=100)
+    (report,) = compare_servers.run(
+        target, [cfg.setup], cfg.levels, cfg.requests, batching, Path(cfg.envs).expanduser()
+    )
+    compare_servers.figure([report]).savefig(plots / "latency_throughput.png", dpi=100)
     levels = [
         ServedLevel(lv.concurrency, lv.requests, lv.errors, lv.p50_ms, lv.p99_ms, lv.throughput) for lv in report.levels
     ]

@@ -1,9 +1,10 @@
-"""MLflow: one run per pipeline execution, registered model versions, the champion alias.
+"""One run logged per pipeline execution, with both models; when every gate passed, their versions
+registered (once per weights) and the alias moved.
 
 Only the gate and register tasks call this module, each in one process, so "only rank 0 talks
 to MLflow" holds by construction. Registration leaves the registry as it was or complete: the
 run and both models are logged first, the versions are registered next, and the alias moves
-last, by compare-and-set (flyscale/tracking/champion.py). If MLflow fails on the way, what this run
+last, by compare-and-set (flyscale/tracking/promotion.py). If MLflow fails on the way, what this run
 registered is deleted again and the run fails with a retryable error.
 """
 
@@ -17,15 +18,16 @@ from dataclasses import dataclass
 from flyscale.config import MlflowConfig
 from flyscale.tracking import champion
 from flyscale.tracking import kind as kinds
-from flyscale.tracking.champion import Promotion
+from flyscale.tracking.champion_reference import _version_of
 from flyscale.tracking.descriptions import Describer
-from flyscale.tracking.reference import _version_of
+from flyscale.tracking.promotion import Promotion, promote
 from flyscale.tracking.run_log import ModelFiles, RunRecord, continued_run, log_model, log_run
 from flyscale.tracking.store import (
     DATA_TAG,
     REFERENCE_TAG,
     REFERENCE_URI_TAG,
     client_settings,
+    mlflow_errors,
     shown,
     tracking_uri,
     use_experiment,
@@ -83,7 +85,7 @@ def publish(
     weights) and move the alias by compare-and-set, or set the challenger alias for a person to
     promote. A failed candidate is logged, with its models, and registered as no version.
     `describe` writes the registry page's descriptions of the versions added and their models."""
-    with client_settings(cfg), champion.mlflow_errors(f"registering {cfg.model_name!r}"):
+    with client_settings(cfg), mlflow_errors(f"registering {cfg.model_name!r}"):
         return _publish(record, fp32, int8, cfg, name, register, describe)
 
 
@@ -167,7 +169,7 @@ def _publish(
                         f"(mlflow.promotion is manual: promote it with `flyscale promote`)",
                     )
                 else:
-                    promotion = champion.promote(
+                    promotion = promote(
                         client,
                         registered,
                         cfg.alias,

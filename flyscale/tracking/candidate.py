@@ -22,12 +22,11 @@ from flyscale.evaluate.gating import Judgment
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_id
 from flyscale.plugin.contracts import DatasetInfo
-from flyscale.tracking import publish as tracking
-from flyscale.tracking import run_log
+from flyscale.tracking import log_and_register, run_log
 from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.kind import ModelKind
+from flyscale.tracking.log_and_register import Registration
 from flyscale.tracking.model_spec import spec_json
-from flyscale.tracking.publish import Registration
 from flyscale.tracking.store import run_name
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
@@ -114,7 +113,9 @@ def register(candidate: Candidate, publish: bool) -> Registration:
     )
     name = run_name(cfg.model.name, c.history.strategy, c.history.world_size, c.fingerprint.value, c.started.started_at)
     record = run_record(c)
-    return tracking.publish(record, fp32, int8, cfg.mlflow, name, register=publish, describe=Describer(record, cfg))
+    return log_and_register.publish(
+        record, fp32, int8, cfg.mlflow, name, register=publish, describe=Describer(record, cfg)
+    )
 
 
 def run_record(c: Candidate) -> run_log.RunRecord:
