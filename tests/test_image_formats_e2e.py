@@ -1,13 +1,15 @@
 """Your images through real `pyflyte run`, as a user brings them: an image folder, WebDataset tar
-shards and Parquet of image bytes, each trained on in memory and streamed; a folder with a corrupt
-PNG, a wrongly sized image and a duplicate quarantines exactly those three, with their files and
-reasons, and trains on the rest; 16 tar shards are prepared as a map task, one instance a shard,
-and a duplicate that spans two shards is found."""
+shards and Parquet of image bytes, each prepared into the same splits (kept encoded, as a streamed
+run reads them, or decoded), and trained on streamed (the folder) and in memory (the folder and the
+tars); a folder with a corrupt PNG, a wrongly sized image and a duplicate quarantines exactly those
+three, with their files and reasons, and trains on the rest; 16 tar shards are prepared as a map
+task, one instance a shard, and a duplicate that spans two shards is found."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -81,28 +83,49 @@ def _run(tmp_path: Path, mlflow_server: str, data: dict, name: str):
 
 
 @pytest.mark.timeout(300)
+def test_a_folder_of_images_trains_streamed(tmp_path, mlflow_server):
+    """Training streams the prepared shards, whatever layout they were read from, kept encoded and
+    decoded as they are read; the folder in memory and the tars in memory train below."""
+    path = _folder(tmp_path / "data")
+    options = {"path": str(path), "height": SIZE, "width": SIZE}
+    data = {"dataset": "image_folder", "options": options, "streaming": True, "keep_encoded": True}
+    out = _run(tmp_path, mlflow_server, data, "e2e-image_folder-streamed")
+    assert "160 rows: 160 valid, 0 quarantined" in out, out[-2000:]
+    assert "training streams its" in out
+    assert "registered  e2e-" in out and "combine_shards" in out
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    "layout, streaming",
-    [
-        # In memory, the folder and the tars train in the tests below (quarantine, sixteen shards).
-        ("image_folder", True),
-        ("webdataset", True),
-        ("image_parquet", False),
-        ("image_parquet", True),
-    ],
-    ids=["image_folder-streamed", "webdataset-streamed", "image_parquet-in memory", "image_parquet-streamed"],
+    "layout, encoded",
+    [("webdataset", True), ("image_parquet", True), ("image_parquet", False)],
+    ids=["webdataset-encoded", "image_parquet-encoded", "image_parquet-decoded"],
 )
-def test_each_layout_trains_in_memory_and_streamed(tmp_path, mlflow_server, layout, streaming):
-    made = {"image_folder": _folder, "webdataset": lambda p: _tars(p, shards=8), "image_parquet": _parquet}
+def test_each_layout_is_prepared_as_streaming_and_memory_read_it(tmp_path, mlflow_server, layout, encoded):
+    """`pyflyte run workflows/data.py prepare_data`: each layout read into the same prepared splits,
+    its images kept encoded (as a streamed run reads them) or decoded (as one in memory does). What
+    training does with those splits does not depend on the layout: it runs above and below."""
+    made = {"webdataset": lambda p: _tars(p, shards=8), "image_parquet": _parquet}
     path = made[layout](tmp_path / "data")
     options = {"path": str(path), "height": SIZE, "width": SIZE}
     if layout == "webdataset":
         options["num_classes"] = 4
-    data = {"dataset": layout, "options": options, "streaming": streaming, "keep_encoded": streaming}
-    out = _run(tmp_path, mlflow_server, data, f"e2e-{layout}-{streaming}")
-    assert "160 rows: 160 valid, 0 quarantined" in out, out[-2000:]
-    assert ("training streams its" if streaming else "training reads its") in out
-    assert "registered  e2e-" in out and "combine_shards" in out
+    data = {"dataset": layout, "options": options, "streaming": encoded, "keep_encoded": encoded}
+    cfg = json.dumps({**TINY, "data": data})
+    proc = run_pipeline(
+        tmp_path, "--cfg", cfg, env={"MLFLOW_TRACKING_URI": mlflow_server}, target=("workflows/data.py", "prepare_data")
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "160 examples: 160 valid, 0 quarantined" in out, out[-2000:]
+    splits = re.search(r"splits\s+train (\d+) examples, val (\d+) examples, test (\d+) examples", out)
+    assert splits and sum(int(n) for n in splits.groups()) == 160, out[-2000:]
+    train = re.search(r"^\s+train\s+(\S+)$", out, re.M)
+    assert train, out[-2000:]
+    image = pq.read_table(train.group(1)).column("image")
+    # Encoded: the PNG bytes as they came; decoded: the pixels, SIZE x SIZE x 3 of them a row.
+    first = image[0].as_py()
+    assert isinstance(first, bytes) and first.startswith(b"\x89PNG") if encoded else len(first) == 3 * SIZE * SIZE
 
 
 @pytest.mark.timeout(300)
