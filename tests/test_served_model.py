@@ -409,3 +409,11 @@ def test_the_champion_is_scored_on_a_split_larger_than_one_request(tmp_path):
     scored = module(x)
     assert scored.shape == (10, 10) and uri.startswith("sqlite:")
     torch.testing.assert_close(scored[4:8], module(x[4:8]))
+
+
+def test_a_pytorch_model_registered_before_model_io_had_its_name_still_finds_predict():
+    """The model_code.py an older flyscale registered with a PyTorch model imports
+    `flyscale.tracking.serving.predict`; that import keeps working."""
+    from flyscale.tracking import model_io, serving
+
+    assert serving.predict is model_io.predict
