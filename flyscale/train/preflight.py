@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from flyscale.config import PreflightConfig, TrainConfig
-from flyscale.train import meta, trainer
+from flyscale.train import loop, meta, trainer
 from flyscale.train.batches import TrainData, make_loader
 from flyscale.train.distributed import DistContext, local_world_size
 from flyscale.train.evaluator import evaluate_split
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 VAL_ROWS = 256  # enough to see an update's effect; the check must stay cheap
 # The loop's own logger: its per-epoch lines and input-bound diagnosis are noise for 1-step epochs.
-TRAINING_LOGGERS = ("flyscale.train.loop",)
+TRAINING_LOGGERS = (loop.__name__, trainer.__name__)  # whose INFO and WARNING the preflight quiets
 
 
 @dataclass
