@@ -258,6 +258,7 @@ def fit(
     run.start(steps_per_epoch)
     position, ckpt = run.position, run.ckpt
     stopped_by = ""  # why training ended before its last epoch, when something else than early stopping said so
+    after_step = run.per_step()
     with train_progress(cfg.epochs, steps_per_epoch, main=ctx.is_main, world_size=ctx.world_size) as bar:
         comm_before = grad_comm_seconds() if grad_comm_seconds else 0.0
         for epoch in range(position.epoch, cfg.epochs):
@@ -267,9 +268,9 @@ def fit(
             resume_here = position if epoch == position.epoch else None
             restore_rng = ckpt.restore_rng if ckpt is not None else None
             loss_sum, correct, count, wait, seconds, first_bad = train_epoch(
-                step, loader, ctx, bar, resume_here, run.per_step(), restore_rng
+                step, loader, ctx, bar, resume_here, after_step, restore_rng
             )
-            if run.per_step() is None:
+            if after_step is None:  # no hook counted the steps
                 run.done += steps_per_epoch - (resume_here.batch if resume_here is not None else 0)
             v_loss, v_correct, v_count = evaluate()
             comm_now = grad_comm_seconds() if grad_comm_seconds else 0.0
