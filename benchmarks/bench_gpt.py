@@ -235,15 +235,15 @@ def generation_seconds(generators: dict[str, Callable[[int], Any]], tokens: int,
 
 
 def served(model: nn.Module, folder: str) -> Callable[[str, int], list[str]]:
-    """The model as the register task logs it (flyscale/tracking/run_log.py model_args: its code,
+    """The model as the register task logs it (flyscale/tracking/model_log.py model_args: its code,
     weights, spec, tokenizer, signature and params), saved to `folder` and loaded back with
     mlflow.pyfunc.load_model: its predict(prompt, params) is what a user of the registered model calls."""
     import mlflow
 
     from flyscale.config import ObjectiveConfig
     from flyscale.model import save_state
+    from flyscale.tracking.model_log import ModelFiles, model_args
     from flyscale.tracking.model_spec import spec_json
-    from flyscale.tracking.run_log import ModelFiles, model_args
 
     spec = spec_json(
         ModelConfig(name="gpt", options=OPTIONS), sequences_info(), None, ObjectiveConfig("language_modeling")

@@ -28,7 +28,7 @@ from flyscale.export import onnx
 from flyscale.model import build_model, save_state
 from flyscale.serving import loadtest, servers
 from flyscale.serving.repository import Batching, mlserver_repository
-from flyscale.tracking import run_log
+from flyscale.tracking import model_log
 from flyscale.tracking.model_spec import spec_json
 
 CLIENTS = 64
@@ -48,9 +48,9 @@ def _saved(cfg: ModelConfig, tmp: Path) -> Path:
     torch.manual_seed(0)
     model = build_model(cfg, INFO).eval()
     path = onnx.export(model, torch.randn(4, 64), tmp / "model.onnx")
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec_json(cfg, INFO, None), "", str(path))
+    files = model_log.ModelFiles(save_state(model, "m.pt"), spec_json(cfg, INFO, None), "", str(path))
     target = tmp / "mlflow-model"
-    mlflow.pyfunc.save_model(str(target), **run_log.model_args(files, "model", str(tmp)))
+    mlflow.pyfunc.save_model(str(target), **model_log.model_args(files, "model", str(tmp)))
     return target
 
 

@@ -51,7 +51,7 @@ def _write(root: Path, rows: int, seed: int) -> Path:
 
 
 def _info():
-    from flyscale.plugin.contracts import DatasetInfo
+    from flyscale.plugin.records import DatasetInfo
 
     return DatasetInfo("bench", CLASSES, [len(FEATURES)], FEATURES)
 

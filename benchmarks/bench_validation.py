@@ -15,7 +15,7 @@ import pandas as pd
 from flyscale.config import DataConfig
 from flyscale.data import validation
 from flyscale.plugin import registry
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 ROWS = 1_000_000
 FEATURES = [f"f{i}" for i in range(8)]

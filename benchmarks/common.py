@@ -15,7 +15,7 @@ from flyscale.config import AugmentConfig, DataConfig, ModelConfig
 from flyscale.data import source as data
 from flyscale.data.augment import augment
 from flyscale.data.split import split
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.train.batches import TrainData, train_data
 from flyscale.train.distributed import DistContext
 

@@ -18,25 +18,21 @@ from flyscale.data.fields import input_example
 from flyscale.data.schemas import default_row_schema
 from flyscale.evaluate.generation import generate
 from flyscale.evaluate.metrics import PLOTTED, ClassificationEvaluator, EvalMetrics, higher_is_better
-from flyscale.plugin.contracts import (
+from flyscale.plugin.data_protocols import AugmentationPlugin, DatasetPlugin
+from flyscale.plugin.model_protocols import GatePlugin, ModelPlugin, QuantizerPlugin
+from flyscale.plugin.objective_protocol import ObjectivePlugin
+from flyscale.plugin.records import (
     SOURCE_FILE,
     SOURCE_KEY,
     SOURCE_PROBLEM,
     SOURCE_ROW,
-    AugmentationPlugin,
     DatasetInfo,
-    DatasetPlugin,
     FieldSpec,
-    GatePlugin,
     GateVerdict,
-    ModelPlugin,
     ObjectiveContext,
-    ObjectivePlugin,
-    QuantizerPlugin,
-    StrategyPlugin,
-    StrategyTraits,
     cost_name,
 )
+from flyscale.plugin.strategy_protocol import StrategyPlugin, StrategyTraits
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale.train.loop import Hooks, TrainResult

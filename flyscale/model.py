@@ -16,7 +16,7 @@ from torch import nn
 
 from flyscale.config import ModelConfig
 from flyscale.flyte import content
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 
 def as_module(value: Any, what: str) -> nn.Module:

@@ -20,7 +20,7 @@ from flyscale.evaluate.latency import LatencyReport
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import CacheReport, TaskRun
-from flyscale.plugin.contracts import DatasetInfo, FieldSpec, GateVerdict
+from flyscale.plugin.records import DatasetInfo, FieldSpec, GateVerdict
 from flyscale.render.summary import RunSummary
 from flyscale.tracking import store as tracking_store
 from flyscale.tracking.log_and_register import Registration

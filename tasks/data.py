@@ -27,7 +27,8 @@ from flyscale.data.split import split
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.data_kind import DataKind
+from flyscale.plugin.records import DatasetInfo
 from flyscale.render import validation_report
 from flyscale.render.data_summary import DataSummary
 from flyscale.tracking.champion_reference import read_reference as read_reference_of
@@ -38,9 +39,7 @@ from tasks.records import ModelCheck, ValidatedData
 
 class Fingerprinted(NamedTuple):
     fingerprint: DataFingerprint
-    streaming: bool
-    examples: bool  # typed examples (images, text), prepared field by field, shard by shard
-    text: bool  # documents, tokenized after they are prepared
+    kind: DataKind  # which data branch prepares it
     run: TaskRun
 
 
@@ -97,9 +96,7 @@ def fingerprint_data(cfg: DataConfig, model: ModelCheck | None = None) -> Finger
     run = TaskRun.start("fingerprint_data", execution=execution_key())
     return Fingerprinted(
         fingerprint=source.fingerprint(cfg),
-        streaming=bool(cfg.plugin.attribute("streaming")),
-        examples=source.has_examples(cfg),
-        text=source.has_documents(cfg),
+        kind=source.kind(cfg),
         run=run.done(),
     )
 

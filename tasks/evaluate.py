@@ -31,7 +31,7 @@ from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state, save_state
-from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext
+from flyscale.plugin.records import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
 from flyscale.render.decks import evaluation_html
 from flyscale.tracking import kind, same_split

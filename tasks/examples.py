@@ -22,7 +22,7 @@ from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.render import validation_report
 from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.data import rejected_rows_kept

@@ -18,7 +18,7 @@ from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, file_sha256, load_state
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.train import objective as objectives
 from tasks.common import SMALL, TASK
 from tasks.records import ExportedModel, keyed

@@ -16,7 +16,7 @@ from flyscale.config import ModelConfig, ObjectiveConfig, ServingConfig
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from tasks.common import SMALL, TASK
 from tasks.records import ExportedModel, ServedLevel, ServedModel, keyed
 
@@ -56,20 +56,20 @@ def load_test_model(
         return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())
     from flyscale.serving import compare_servers
     from flyscale.serving.repository import Batching
-    from flyscale.tracking import run_log
+    from flyscale.tracking import model_log
     from flyscale.tracking.model_spec import spec_json
 
     tmp = Path(tempfile.mkdtemp(prefix="flyscale-candidate-"))
     tokenizer_json = Path(tokenizer.download()).read_text() if tokenizer is not None else ""
     export = exported.onnx.download() if exported.exported else ""
-    files = run_log.ModelFiles(
+    files = model_log.ModelFiles(
         weights.download(),
         spec_json(model_cfg, info, None, objective),
         tokenizer_json,
         onnx_path=export,
         limits=cfg.limits(),
     )
-    run_log.save_model(files, str(tmp / "model"), str(tmp))
+    model_log.save_model(files, str(tmp / "model"), str(tmp))
     target = compare_servers.local_target(tmp / "model", "candidate")
     batching = Batching(cfg.max_batch_size, cfg.max_delay_ms)
     (report,) = compare_servers.run(

@@ -14,17 +14,14 @@ from flytekit.core.task import TaskPlugins
 from flytekit.types.file import FlyteFile
 from torch import nn
 
-from flyscale.cluster.launchers import (
-    LocalSafeElastic,
-    LocalSafeElasticTask,
+from flyscale.cluster.launcher_settings import (
     launcher_environment,
     launcher_facts,
-    local_execution,
     planned_world_size,
-    training_launcher,
     training_resources,
     workers_auto,
 )
+from flyscale.cluster.launchers import LocalSafeElastic, LocalSafeElasticTask, local_execution, training_launcher
 from flyscale.config import (
     DataConfig,
     MlflowConfig,
@@ -42,7 +39,7 @@ from flyscale.data.tokenize import planned_info
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.tracking import kind, start
 from flyscale.tracking.store import tracking_uri
 from flyscale.train import distributed, preflight

@@ -25,7 +25,7 @@ from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.content import file_sha256
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.train.telemetry import TrainHistory
 
 

@@ -21,7 +21,8 @@ from flytekit.types.error import FlyteError
 from flyscale import settings
 from flyscale.cluster import resources
 from flyscale.cluster.image import PinnedImageResolver
-from flyscale.cluster.launchers import elastic_launcher, training_retries
+from flyscale.cluster.launcher_settings import training_retries
+from flyscale.cluster.launchers import elastic_launcher
 from flyscale.config import (
     AugmentConfig,
     MlflowConfig,
@@ -40,14 +41,12 @@ from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun, execution_key
 from flyscale.model import build_model, load_state
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.scaling.advice import (
     Bound,
-    Efficiency,
     Knee,
     StudyResult,
     StudySummary,
-    WorkerAdvice,
     analyse,
 )
 from flyscale.scaling.config import ScalingConfig, StudyConfig
@@ -64,6 +63,7 @@ from flyscale.scaling.plan import (
 )
 from flyscale.scaling.plots import plot_study
 from flyscale.scaling.report import html_page, log_study
+from flyscale.scaling.worker_count import Efficiency, WorkerAdvice
 from flyscale.tracking.live import close_failed_runs
 from flyscale.tracking.store import tracking_uri
 from flyscale.train import objective as objectives

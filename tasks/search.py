@@ -20,7 +20,7 @@ from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import TaskRun
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.render.summary import RunSummary
 from flyscale.search import report, study
 from flyscale.search.config import Param, SearchConfig, SearchStudyConfig

@@ -9,15 +9,15 @@ import torch
 from flytekit import Deck, task
 from flytekit.types.file import FlyteFile
 
-from flyscale.cluster.launchers import (
+from flyscale.cluster.launcher_settings import (
     launcher_environment,
     launcher_facts,
     processes_per_node,
-    training_launcher,
     training_resources,
     training_retries,
     workers_auto,
 )
+from flyscale.cluster.launchers import training_launcher
 from flyscale.cluster.recovery import FlyteMirror, lost_peers_retryable
 from flyscale.config import AugmentConfig, MlflowConfig, ModelConfig, ObjectiveConfig, RecoveryConfig, TrainConfig
 from flyscale.config.flatten import flatten
@@ -28,7 +28,7 @@ from flyscale.flyte.caching import code_cache, code_version
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, save_state
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.render.decks import learning_curves_html
 from flyscale.search.study import TrialSpec, reporter
 from flyscale.tracking.live import LiveRun

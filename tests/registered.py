@@ -16,7 +16,7 @@ from flyscale.config import ModelConfig, ObjectiveConfig
 from flyscale.data import fields
 from flyscale.export import onnx
 from flyscale.model import build_model, save_state
-from flyscale.tracking import run_log
+from flyscale.tracking import model_log
 from flyscale.tracking.model_spec import spec_json
 
 DIGITS = DatasetInfo("digits", 10, [64], [f"pixel_{i}" for i in range(64)])
@@ -45,7 +45,7 @@ def register(
         example = torch.rand(4, *shape)
     path = onnx.export(model, example, home / "model.onnx")
     spec = spec_json(model_cfg, info, None, objective_cfg)
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer_json, str(path), limits=limits or {})
+    files = model_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer_json, str(path), limits=limits or {})
     cwd = Path.cwd()
     os.chdir(home)  # the experiment's artifacts land beside the store
     try:
@@ -53,7 +53,7 @@ def register(
         # This store's own experiment: the process may have an active one of another store.
         experiment = mlflow.set_experiment(f"{name}-tests")
         with mlflow.start_run(experiment_id=experiment.experiment_id):
-            logged = run_log.log_model(files, "model", str(home))
+            logged = model_log.log_model(files, "model", str(home))
         version = mlflow.register_model(logged.model_uri, name)
         MlflowClient(uri).set_registered_model_alias(name, "champion", version.version)
     finally:

@@ -21,7 +21,7 @@ from flyscale.evaluate.gating import ChampionRef
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.evaluate.quantize import quantize
 from flyscale.plugin.contracts import GateVerdict
-from flyscale.tracking import champion, log_and_register, promotion, run_log
+from flyscale.tracking import champion, log_and_register, model_log, promotion, run_log
 from flyscale.tracking import store as mlflow_store
 from flyscale.tracking.champion import read_baseline
 from flyscale.tracking.champion_reference import read_reference, remeasure
@@ -244,7 +244,7 @@ def _record(judged: ChampionRef) -> run_log.RunRecord:
     )
 
 
-def _files(tmp_path, seed: int = 0) -> tuple[run_log.ModelFiles, run_log.ModelFiles]:
+def _files(tmp_path, seed: int = 0) -> tuple[model_log.ModelFiles, model_log.ModelFiles]:
     """A real (small) flyscale model and its int8 twin, as the register task hands them over."""
     from flyscale import model as artifacts
     from flyscale.config import ModelConfig, QuantizeConfig
@@ -257,8 +257,8 @@ def _files(tmp_path, seed: int = 0) -> tuple[run_log.ModelFiles, run_log.ModelFi
     model = artifacts.build_model(cfg, info)
     int8 = quantize(model, QuantizeConfig(name="torch_dynamic_int8"))
     return (
-        run_log.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
-        run_log.ModelFiles(
+        model_log.ModelFiles(artifacts.save_state(model, "m.pt"), spec_json(cfg, info, None)),
+        model_log.ModelFiles(
             artifacts.save_state(int8, "q.pt"), spec_json(cfg, info, QuantizeConfig(name="torch_dynamic_int8"))
         ),
     )

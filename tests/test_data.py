@@ -128,3 +128,21 @@ def test_shift_moves_pixels_by_whole_steps():
     out = Shift()(x, np.random.default_rng(0), ShiftOptions(max_shift=2))
     (y,), (xx,) = np.nonzero(out[0, 0])
     assert abs(y - 4) <= 2 and abs(xx - 4) <= 2 and out.sum() == 1.0
+
+
+def test_a_datasets_kind_is_what_its_plugin_gives_decided_in_one_place(tmp_path):
+    """Every later reader (the data branch, config checks, batch prediction) takes the kind from
+    source.kind; a text dataset's examples are documents because their input is a string field."""
+    from flyscale.plugin.data_kind import DataKind
+
+    csv = tmp_path / "rows.csv"
+    pd.DataFrame({"x": [1.0, 2.0], "label": [0, 1]}).to_csv(csv, index=False)
+    expected = [
+        (DataConfig(dataset="digits"), DataKind.TABLE),
+        (DataConfig(dataset="csv_stream", options={"path": str(csv)}), DataKind.TABLE_STREAM),
+        (DataConfig(dataset="digits_images"), DataKind.EXAMPLES),
+        (DataConfig(dataset="diabetes"), DataKind.EXAMPLES),
+        (DataConfig(dataset="python_docs"), DataKind.DOCUMENTS),
+    ]
+    assert [(cfg.dataset, data.kind(cfg)) for cfg, _ in expected] == [(cfg.dataset, k) for cfg, k in expected]
+    assert not DataKind.EXAMPLES.is_table and DataKind.TABLE_STREAM.is_table

@@ -46,27 +46,27 @@ def test_pytorchjob_launcher_has_master_workers_and_resources(monkeypatch):
 
 
 def test_an_elastic_range_of_nodes_serialises_as_the_pytorchjobs_min_and_max_replicas(monkeypatch):
-    from flyscale.cluster import launchers
+    from flyscale.cluster import launcher_settings
 
     t, custom = _train_task_custom(monkeypatch, FLYSCALE_NNODES="1:4", FLYSCALE_NPROC_PER_NODE="2")
     assert custom["elasticConfig"]["minReplicas"] == 1 and custom["elasticConfig"]["maxReplicas"] == 4
     assert custom["workerReplicas"]["replicas"] == 4 and custom["elasticConfig"]["nprocPerNode"] == 2
-    assert launchers.planned_world_size() == 8  # the most it trains on: what the preflight plans for
+    assert launcher_settings.planned_world_size() == 8  # the most it trains on: what the preflight plans for
 
 
 def test_a_mesh_fixes_the_local_workers_and_a_cluster_keeps_what_was_registered(monkeypatch):
     """A hybrid mesh of 2 x 2 starts 4 workers locally whatever the launcher's processes per node;
     on a cluster the registered PyTorchJob's size stands (the strategy's check then names a mismatch)."""
-    from flyscale.cluster import launchers
+    from flyscale.cluster import launcher_settings
     from flyscale.config import TrainConfig
 
     mesh = TrainConfig(strategy="hybrid", options={"mesh": {"dp": 2, "pp": 2}})
     monkeypatch.setenv("FLYSCALE_NPROC_PER_NODE", "2")
-    assert launchers.planned_world_size(mesh, local=True) == 4
-    assert launchers.planned_world_size(TrainConfig(), local=True) == 2  # ddp: the launcher decides
-    assert launchers.planned_world_size(mesh) == 2  # a cluster: as registered
+    assert launcher_settings.planned_world_size(mesh, local=True) == 4
+    assert launcher_settings.planned_world_size(TrainConfig(), local=True) == 2  # ddp: the launcher decides
+    assert launcher_settings.planned_world_size(mesh) == 2  # a cluster: as registered
     monkeypatch.setenv("FLYSCALE_NNODES", "2")
-    assert launchers.planned_world_size(mesh) == 4
+    assert launcher_settings.planned_world_size(mesh) == 4
 
 
 def test_bad_cluster_resources_are_named(tmp_path, monkeypatch):

@@ -231,9 +231,10 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
 
 @pytest.mark.timeout(900)
 def test_a_sweep_with_the_default_gates_leaves_the_best_run_champion(tmp_path, mlflow_server):
-    """Three learning rates, one after another, through the default gates (min_metric's bar
-    lowered so that all three pass it): the champion is the run with the best test accuracy. The
-    last run is the worst, so "the latest passing run wins" fails here."""
+    """Two learning rates, one after the other, through the default gates (min_metric's bar
+    lowered so that both pass it): the champion is the run with the better test accuracy. The
+    second run is the worse, so "the latest passing run wins" fails here. (A later run that beats
+    the champion taking the alias is test_registry_e2e's.)"""
     gates = [{"name": g.name, "options": g.options} for g in GatesConfig().gates]
     assert [g["name"] for g in gates] == ["min_metric", "beats_champion", "quantization"]
     gates[0]["options"] = {"threshold": 0.85}
@@ -241,7 +242,7 @@ def test_a_sweep_with_the_default_gates_leaves_the_best_run_champion(tmp_path, m
     env = {"MLFLOW_TRACKING_URI": mlflow_server}
     client = MlflowClient(mlflow_server)
     accuracy = {}
-    for lr in (2e-3, 5e-3, 2e-2):
+    for lr in (5e-3, 2e-2):
         preset = _preset(tmp_path, name, gate=gates)
         champion_before = client.get_model_version_by_alias(name, "champion") if accuracy else None
         proc = run_pipeline(tmp_path, "--cfg", preset, "--cfg", f'{{"train": {{"lr": {lr}}}}}', env=env)
@@ -262,4 +263,4 @@ def test_a_sweep_with_the_default_gates_leaves_the_best_run_champion(tmp_path, m
     champion = client.get_model_version_by_alias(name, "champion")
     assert client.get_run(champion.run_id).data.metrics["test_accuracy"] == max(accuracy.values()), accuracy
     # Only a run that beat the champion of its day was registered.
-    assert len(client.search_model_versions(f"name='{name}'")) == (2 if accuracy[5e-3] > accuracy[2e-3] else 1)
+    assert len(client.search_model_versions(f"name='{name}'")) == 1

@@ -13,10 +13,11 @@ import pytest
 
 from flyscale.config import ModelConfig
 from flyscale.plugin import registry
-from flyscale.scaling.advice import StudySummary, analyse, find_knee, worker_advice
+from flyscale.scaling.advice import StudySummary, analyse, find_knee
 from flyscale.scaling.config import ScalingConfig, StudyConfig, point_model
 from flyscale.scaling.laws import MIN_FIT_POINTS, fit_power_law
 from flyscale.scaling.plan import ScalingPoint, nested_subset, plan, throughput
+from flyscale.scaling.worker_count import worker_advice
 from flyscale_plugins.datasets import digits
 from flyscale_plugins.models import CNN, MLP, CNNOptions, MLPOptions
 

@@ -22,7 +22,7 @@ from flyscale.config import ModelConfig, ObjectiveConfig
 from flyscale.data.text import ByteTokenizer
 from flyscale.export import onnx
 from flyscale.model import build_model, save_state
-from flyscale.tracking import model_io, run_log
+from flyscale.tracking import model_io, model_log
 from flyscale.tracking.model_spec import build, objective_of, spec_json
 from tests.conftest import fresh_python
 
@@ -77,7 +77,7 @@ print(json.dumps(answer.tolist() if hasattr(answer, "tolist") else answer))
 """
 
 
-def _saved(case: str, tmp_path: Path, limits: dict | None = None) -> tuple[Path, run_log.ModelFiles]:
+def _saved(case: str, tmp_path: Path, limits: dict | None = None) -> tuple[Path, model_log.ModelFiles]:
     info, model_cfg, objective_cfg = CASES[case]
     torch.manual_seed(0)
     model = build_model(model_cfg, info).eval()
@@ -89,9 +89,9 @@ def _saved(case: str, tmp_path: Path, limits: dict | None = None) -> tuple[Path,
     else:
         x = torch.randn(4, 4)
     path = onnx.export(model, onnx.model_inputs(x, torch.zeros(4, dtype=torch.long), objective), tmp_path / "m.onnx")
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer, str(path), limits=limits or {})
+    files = model_log.ModelFiles(save_state(model, "m.pt"), spec, tokenizer, str(path), limits=limits or {})
     target = tmp_path / "model"
-    mlflow.pyfunc.save_model(str(target), **run_log.model_args(files, "model", str(tmp_path)))
+    mlflow.pyfunc.save_model(str(target), **model_log.model_args(files, "model", str(tmp_path)))
     return target, files
 
 
@@ -195,8 +195,8 @@ def _image_model(tmp_path: Path):
     torch.manual_seed(0)
     model = build_model(model_cfg, info).eval()
     path = onnx.export(model, torch.rand(4, 3, 8, 8), tmp_path / "m.onnx")
-    files = run_log.ModelFiles(save_state(model, "m.pt"), spec_json(model_cfg, info, None), "", str(path))
-    mlflow.pyfunc.save_model(str(tmp_path / "model"), **run_log.model_args(files, "model", str(tmp_path)))
+    files = model_log.ModelFiles(save_state(model, "m.pt"), spec_json(model_cfg, info, None), "", str(path))
+    mlflow.pyfunc.save_model(str(tmp_path / "model"), **model_log.model_args(files, "model", str(tmp_path)))
     return mlflow.pyfunc.load_model(str(tmp_path / "model")), info, path
 
 

@@ -21,6 +21,7 @@ from flyscale.config import PipelineConfig
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.provenance import TaskRun
+from flyscale.plugin.data_kind import DataKind
 from flyscale.render.data_summary import DataSummary
 from tasks.data import (
     augment_data,
@@ -93,15 +94,15 @@ def text_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
 
 
 @workflow
-def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, streaming: bool, examples: bool, text: bool) -> Prepared:
-    """The branch that fits the data: documents, typed examples, a streamed table, or a table in memory."""
+def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, kind: DataKind) -> Prepared:
+    """The branch that fits the data's kind (fingerprint_data decides it)."""
     return (
         conditional("data")
-        .if_(text.is_true())
+        .if_(kind == DataKind.DOCUMENTS.value)
         .then(text_data(cfg=cfg, fingerprint=fingerprint))
-        .elif_(examples.is_true())
+        .elif_(kind == DataKind.EXAMPLES.value)
         .then(examples_data(cfg=cfg, fingerprint=fingerprint))
-        .elif_(streaming.is_true())
+        .elif_(kind == DataKind.TABLE_STREAM.value)
         .then(streamed_data(cfg=cfg, fingerprint=fingerprint))
         .else_()
         .then(in_memory_data(cfg=cfg, fingerprint=fingerprint))
@@ -112,10 +113,8 @@ def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, streaming: bool, 
 def prepare_data(cfg: PipelineConfig = PipelineConfig()) -> DataSummary:  # noqa: B008 (a Flyte input's default)
     """fingerprint -> the data branch that fits -> a summary: validate, quarantine, split (and for text
     tokenize) without training, e.g. to look at a new dataset before a run."""
-    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data)
-    train, val, test, validated, runs = dataset(
-        cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
-    )
+    fingerprint, kind, started = fingerprint_data(cfg=cfg.data)
+    train, val, test, validated, runs = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind)
     return summarize_data(
         cfg=cfg.data, train=train, val=val, test=test, validated=validated, runs=runs, started=started
     )

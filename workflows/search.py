@@ -33,11 +33,9 @@ def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> Searc
         tokenize=cfg.tokenize,
         mlflow_cfg=cfg.mlflow,
     )
-    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
+    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model)
     base = base_config(cfg=cfg)
-    train, val, test, validated, runs = dataset(
-        cfg=base, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
-    )
+    train, val, test, validated, runs = dataset(cfg=base, fingerprint=fingerprint, kind=kind)
     # Once, on the base config: the workers every trial trains on (FLYSCALE_NPROC_PER_NODE=auto).
     preflight, _ = preflight_check(
         train=train,

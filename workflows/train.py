@@ -37,10 +37,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         tokenize=cfg.tokenize,
         mlflow_cfg=cfg.mlflow,
     )
-    fingerprint, streaming, examples, text, started = fingerprint_data(cfg=cfg.data, model=model)
-    train, val, test, validated, data_ran = dataset(
-        cfg=cfg, fingerprint=fingerprint, streaming=streaming, examples=examples, text=text
-    )
+    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model)
+    train, val, test, validated, data_ran = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind)
     preflight, preflight_ran = preflight_check(
         train=train,
         val=val,

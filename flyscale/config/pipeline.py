@@ -34,7 +34,8 @@ from flyscale.config.sections import (
     TokenizeConfig,
     TrainConfig,
 )
-from flyscale.plugin.contracts import cost_name, costed
+from flyscale.plugin.data_kind import DataKind, declared_kind
+from flyscale.plugin.records import cost_name, costed
 
 
 @section
@@ -105,7 +106,7 @@ class PipelineConfig(Section):
                 f"{self.serving.max_new_tokens}, which the served model allows a request: lower one or raise the other"
             )
         self._gates_read_what_the_objective_measures()
-        if self.data.plugin.attribute("streaming") and self.augment.names and self.augment.copies:
+        if declared_kind(self.data.plugin) is DataKind.TABLE_STREAM and self.augment.names and self.augment.copies:
             # Streamed data is prepared in one pass with no augment stage: say so rather than ignore it.
             raise ValueError(
                 f"augment.names: dataset {self.data.dataset!r} streams data larger than memory, which is not "

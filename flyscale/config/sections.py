@@ -13,8 +13,9 @@ from dataclasses import field
 
 from flyscale.config.base import Section, fraction, positive, section
 from flyscale.config.plugins import PluginSection, canonical, resolve
-from flyscale.plugin.contracts import fixed_workers
+from flyscale.plugin.data_kind import declared_kind
 from flyscale.plugin.registry import Resolved
+from flyscale.plugin.strategy_protocol import fixed_workers
 
 # What model.init_from may name: a registered version (by alias or number) or a run's model.
 START_URI = re.compile(r"models:/[^/@]+(@[\w.-]+|/\d+)|runs:/[0-9a-f]+(/[\w.-]+)?")
@@ -54,7 +55,7 @@ class DataConfig(PluginSection):
         fraction(self, "max_quarantine_fraction")
         if self.max_drift_psi < 0:
             raise ValueError(f"data.max_drift_psi must be >= 0 (0 = report only), got {self.max_drift_psi}")
-        table = getattr(self.plugin.plugin, "examples", None) is None
+        table = declared_kind(self.plugin).is_table
         for name in ("streaming", "keep_encoded"):
             if getattr(self, name) and table:
                 raise ValueError(

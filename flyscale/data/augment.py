@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from flyscale.config import AugmentConfig
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.plugin.registry import Resolved
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from flyscale.data.reference import FeatureProfile, Profile
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
 

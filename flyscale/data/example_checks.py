@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from flyscale.data import fields
 from flyscale.errors import DataError
-from flyscale.plugin.contracts import SOURCE_PROBLEM, DatasetInfo, FieldSpec
+from flyscale.plugin.records import SOURCE_PROBLEM, DatasetInfo, FieldSpec
 
 
 class Checked:

@@ -41,7 +41,7 @@ from flyscale.data.stream_prep import DUPLICATE, Prepared, SeenRows
 from flyscale.data.validation import ValidationReport
 from flyscale.errors import DataError, require
 from flyscale.flyte import content
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
 

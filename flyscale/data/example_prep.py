@@ -36,7 +36,7 @@ from flyscale.data.reference import Profile
 from flyscale.data.shards import ShardWriter
 from flyscale.data.stream_prep import DUPLICATE, SeenRows, _split_of
 from flyscale.flyte.provenance import TaskRun
-from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo
+from flyscale.plugin.records import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo
 
 log = logging.getLogger(__name__)
 

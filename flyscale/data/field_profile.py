@@ -22,7 +22,7 @@ import numpy as np
 from flyscale.data import drift
 from flyscale.data.fields import real_target
 from flyscale.data.reference import FeatureProfile, Profile
-from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+from flyscale.plugin.records import DatasetInfo, FieldSpec
 
 INTENSITY_EDGES = np.arange(11) * 25.6  # ten bins of a uint8 channel: value * 10 // 256
 LENGTH_EDGES = np.concatenate([[0], 2.0 ** np.arange(0, 21)])  # 1, 2, 4, ... 1M elements

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+from flyscale.plugin.records import DatasetInfo, FieldSpec
 
 
 def size(field: FieldSpec) -> int:

@@ -8,7 +8,7 @@ import logging
 from dataclasses import asdict, dataclass, field, replace
 
 from flyscale.errors import DataError
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
 

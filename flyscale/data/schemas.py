@@ -13,7 +13,7 @@ import pandas as pd
 import pandera.pandas as pa
 from pandera.typing import Series
 
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 
 def default_row_schema(info: DatasetInfo) -> pa.DataFrameSchema:

@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from flyscale.config import DataConfig
 from flyscale.errors import DataError, data_errors
-from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.plugin.data_kind import DataKind, declared_kind
+from flyscale.plugin.records import DatasetInfo, as_dataset_info
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,10 @@ def frame_hash(frame: pd.DataFrame) -> str:
 def fingerprint(cfg: DataConfig) -> DataFingerprint:
     """The dataset's own fingerprint when it has one, else the hash of everything it loads."""
     r = cfg.plugin
-    if hasattr(r.plugin, "fingerprint"):
+    own = r.method("fingerprint")
+    if own is not None:
         with data_errors(f"dataset {cfg.dataset!r}"):
-            identity = r.plugin.fingerprint(r.options)
+            identity = own(r.options)
         if not isinstance(identity, str) or not identity:
             raise TypeError(f"dataset {cfg.dataset!r}: fingerprint() returned {identity!r}; expected a non-empty str")
         value, method = hashlib.sha256(identity.encode()).hexdigest(), f"dataset {cfg.dataset!r}: its fingerprint()"
@@ -64,26 +66,24 @@ def info(cfg: DataConfig) -> DatasetInfo:
     return as_dataset_info(found, f"dataset {cfg.dataset!r}")
 
 
-def has_examples(cfg: DataConfig) -> bool:
-    """Whether the dataset gives typed examples (Arrow batches of declared fields), not a table."""
-    return getattr(cfg.plugin.plugin, "examples", None) is not None
-
-
-def has_documents(cfg: DataConfig) -> bool:
-    """Whether the dataset gives documents (its input is a string field), which are tokenized."""
-    if not has_examples(cfg):
-        return False
+def kind(cfg: DataConfig) -> DataKind:
+    """What the dataset gives, decided once a run (fingerprint_data returns it): what its plugin
+    declares, and typed examples whose input is a string field are documents."""
+    declared = declared_kind(cfg.plugin)
+    if declared is not DataKind.EXAMPLES:
+        return declared
     field = info(cfg).input()
-    return field is not None and field.dtype == "string"
+    return DataKind.DOCUMENTS if field is not None and field.dtype == "string" else declared
 
 
 def shards(cfg: DataConfig) -> list[str]:
     """The pieces a dataset of typed examples comes in, in its order ([""]: one piece)."""
     r = cfg.plugin
-    if getattr(r.plugin, "shards", None) is None:
+    listed = r.method("shards")
+    if listed is None:
         return [""]
     with data_errors(f"dataset {cfg.dataset!r}"):
-        names = [str(s) for s in r.plugin.shards(r.options)]
+        names = [str(s) for s in listed(r.options)]
     if not names:
         raise DataError(f"dataset {cfg.dataset!r} has no shards: there is nothing to validate or train on")
     if len(set(names)) != len(names):
@@ -101,7 +101,7 @@ def examples(cfg: DataConfig, shard: str) -> Iterator[pa.RecordBatch]:
 def load(cfg: DataConfig) -> tuple[pd.DataFrame, DatasetInfo]:
     """Load the configured dataset and its shape facts (converted from whatever the plugin returns)."""
     r = cfg.plugin
-    if getattr(r.plugin, "load", None) is None:
+    if not declared_kind(r).is_table:
         raise DataError(
             f"dataset {cfg.dataset!r} gives typed examples (images, ...), not a table; this stage "
             "(the scaling study, or a table-only tool) reads tables only: use training_pipeline"

@@ -29,7 +29,7 @@ from flyscale.data.reference import Profile, Reference
 from flyscale.data.shards import Shards, ShardWriter
 from flyscale.data.validation import ValidationReport
 from flyscale.errors import DataError, require
-from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo
+from flyscale.plugin.records import SOURCE_FILE, SOURCE_ROW, DatasetInfo
 
 log = logging.getLogger(__name__)
 

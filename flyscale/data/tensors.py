@@ -12,7 +12,7 @@ import torch
 from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.streaming import read_unit
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
 

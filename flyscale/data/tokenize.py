@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from flyscale.config import TokenizeConfig
 from flyscale.data import fields, shards, text
 from flyscale.data.shards import Shards, ShardWriter
-from flyscale.plugin.contracts import DatasetInfo, FieldSpec
+from flyscale.plugin.records import DatasetInfo, FieldSpec
 
 log = logging.getLogger(__name__)
 

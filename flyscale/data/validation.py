@@ -25,7 +25,7 @@ from flyscale.data.drift import drift
 from flyscale.data.reference import Reference, pin
 from flyscale.data.schemas import default_row_schema
 from flyscale.errors import DataError, require
-from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo
+from flyscale.plugin.records import SOURCE_FILE, SOURCE_ROW, DatasetInfo
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,10 @@ class ValidationReport:
 def row_schema(cfg: DataConfig, info: DatasetInfo) -> pa.DataFrameSchema:
     """The dataset's own row schema, or the one its info implies when it declares none."""
     r = cfg.plugin
-    if not hasattr(r.plugin, "row_schema"):
+    own = r.method("row_schema")
+    if own is None:
         return default_row_schema(info)
-    schema = r.plugin.row_schema(r.options)
+    schema = own(r.options)
     if isinstance(schema, type) and issubclass(schema, pa.DataFrameModel):
         schema = schema.to_schema()
     if not isinstance(schema, pa.DataFrameSchema):

@@ -12,7 +12,7 @@ from torch import nn
 
 from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
 from flyscale.evaluate.metrics import EvalMetrics
-from flyscale.plugin.contracts import cost_name, costed
+from flyscale.plugin.records import cost_name, costed
 
 # What "smaller and faster" means for an int8 twin to be worth a second model to serve: a file at
 # least 10 % smaller, and at least 5 % faster by the geometric mean over the batch sizes timed.

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flyscale.config import GateConfig, GatesConfig
-from flyscale.plugin.contracts import GateVerdict, as_gate_verdict
+from flyscale.plugin.records import GateVerdict, as_gate_verdict
 
 
 @dataclass

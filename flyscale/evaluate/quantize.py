@@ -13,7 +13,7 @@ from torch import nn
 from flyscale.config import QuantizeConfig
 from flyscale.data import fields
 from flyscale.model import as_module
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 # The quantizer a convolutional model's int8 is tried with when the configured one does not pay:
 # static QDQ quantizes the convolutions, which dynamic int8 leaves in fp32.

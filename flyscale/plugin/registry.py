@@ -3,7 +3,7 @@
 Built-in plugins register exactly like third-party ones, through the entry-point groups in
 pyproject.toml (`flyscale.datasets`, `flyscale.models`, ...); the core finds every plugin by
 name here and imports none of them itself. A plugin is loaded once: a class is instantiated
-with no arguments, and the object is checked against its kind's Protocol (flyscale/plugin/contracts.py)
+with no arguments, and the object is checked against its kind's Protocol (flyscale/plugin/kinds.py)
 before anyone uses it. A plugin that fails to import or does not fit is recorded with its
 package and the reason, and only breaks a lookup of that name.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, EntryPoints, entry_points
 from typing import Any, cast
 
-from flyscale.plugin.contracts import (
+from flyscale.plugin.kinds import (
     ALTERNATIVES,
     ARGUMENTS_WHEN,
     OPTIONAL_ATTRIBUTES,
@@ -70,6 +70,12 @@ class Resolved:
     def attribute(self, name: str) -> Any:
         """An optional attribute of the plugin, or its kind's default when the plugin leaves it out."""
         return getattr(self.plugin, name, OPTIONAL_ATTRIBUTES[self.kind][name])
+
+    def method(self, name: str) -> Any:
+        """An optional method of the plugin (its kind's OPTIONAL_METHODS), or None when it has none."""
+        if name not in OPTIONAL_METHODS.get(self.kind, {}):
+            raise KeyError(f"{name!r} is not an optional method of {self.kind}")
+        return getattr(self.plugin, name, None)
 
 
 def _singular(kind: str) -> str:

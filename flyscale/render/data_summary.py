@@ -9,7 +9,7 @@ from flyscale.data.source import DataFingerprint
 from flyscale.data.tokenize import TokenStats
 from flyscale.data.validation import ValidationReport
 from flyscale.flyte.provenance import CacheReport
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.render.summary import _counted, quarantine_reasons
 
 

@@ -13,7 +13,7 @@ from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.provenance import CacheReport
-from flyscale.plugin.contracts import GateVerdict
+from flyscale.plugin.records import GateVerdict
 from flyscale.tracking.candidate import Candidate, judged_report, resumed
 from flyscale.tracking.log_and_register import Registration
 from flyscale.train.preflight import PreflightReport

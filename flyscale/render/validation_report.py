@@ -13,7 +13,7 @@ import pandas as pd
 from flyscale.data.drift import histogram, psi
 from flyscale.data.reference import Profile, Reference
 from flyscale.data.validation import EXAMPLES, ValidationReport, check_names
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 
 PLOTTED = 12  # feature distributions drawn: the most drifted first
 

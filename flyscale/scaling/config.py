@@ -7,6 +7,7 @@ from dataclasses import field, fields
 
 from flyscale.config import AugmentConfig, ModelConfig, PipelineConfig
 from flyscale.config.base import Section, fraction, section
+from flyscale.plugin.data_kind import DataKind, declared_kind
 
 WIDTH, DEPTH = "width_multiplier", "depth_multiplier"  # the model options a plugin declares to be swept
 
@@ -72,7 +73,7 @@ class StudyConfig(PipelineConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.data.plugin.attribute("streaming"):
+        if declared_kind(self.data.plugin) is DataKind.TABLE_STREAM:
             raise ValueError(
                 f"data.dataset: {self.data.dataset!r} streams data larger than memory, and a scaling "
                 f"study subsets the training split in memory; use its in-memory twin"

@@ -30,8 +30,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flyscale.config import DataConfig
-from flyscale.data import fields
-from flyscale.plugin.contracts import SOURCE_FILE, SOURCE_ROW, DatasetInfo, as_dataset_info
+from flyscale.data import fields, source
+from flyscale.plugin.data_kind import DataKind, declared_kind
+from flyscale.plugin.records import SOURCE_FILE, SOURCE_ROW, DatasetInfo, as_dataset_info
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,11 @@ def parts(cfg: DataConfig) -> list[str]:
     """The pieces of the configured dataset batch prediction maps over: a dataset of rows' files
     (`parts`), or a dataset of typed examples' shards (`shards`; one piece without)."""
     resolved = cfg.plugin
-    plugin = resolved.plugin
-    if hasattr(plugin, "parts") and hasattr(plugin, "part"):
-        found = list(plugin.parts(resolved.options))
-    elif hasattr(plugin, "examples"):
-        found = list(plugin.shards(resolved.options)) if hasattr(plugin, "shards") else [""]
+    listed, read = resolved.method("parts"), resolved.method("part")
+    if listed is not None and read is not None:
+        found = list(listed(resolved.options))
+    elif declared_kind(resolved) is DataKind.EXAMPLES:
+        found = source.shards(cfg)
     else:
         raise BatchPredictError(
             f"dataset {cfg.dataset!r} says neither what pieces its rows come in (parts() and part()) nor its "
@@ -164,7 +165,7 @@ def _inputs(cfg: DataConfig, name: str, info: DatasetInfo) -> Iterator[tuple[pd.
             yield frame[[SOURCE_FILE, SOURCE_ROW]], _numeric(frame, info.feature_columns, name)
         return
     reader = fields.reader(info)
-    for batch in resolved.plugin.examples(resolved.options, name):
+    for batch in source.examples(cfg, name):
         table = pa.Table.from_batches([batch])
         origin = table.select([SOURCE_FILE, SOURCE_ROW]).to_pandas()
         if field.name not in table.column_names:

@@ -21,8 +21,8 @@ from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.gating import Judgment
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.provenance import CacheReport, TaskRun, execution_id
-from flyscale.plugin.contracts import DatasetInfo
-from flyscale.tracking import log_and_register, run_log
+from flyscale.plugin.records import DatasetInfo
+from flyscale.tracking import log_and_register, model_log, run_log
 from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.kind import ModelKind
 from flyscale.tracking.log_and_register import Registration
@@ -101,15 +101,15 @@ def register(candidate: Candidate, publish: bool) -> Registration:
     and move the alias if the champion is still the one the verdicts were judged against."""
     c, cfg = candidate, candidate.cfg
     limits = cfg.serving.limits()  # what one request may ask of the served model
-    fp32 = run_log.ModelFiles(
+    fp32 = model_log.ModelFiles(
         c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, limits=limits
     )
     quantizer = cfg.quantize if c.int8_quantizer in ("", cfg.quantize.name) else QuantizeConfig(name=c.int8_quantizer)
     int8_spec = spec_json(cfg.model, c.info, quantizer, cfg.objective)
     int8 = (  # an ONNX quantizer's int8 file is served alone; the fp32 weights ride along to fine-tune
-        run_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path, limits=limits)
+        model_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path, limits=limits)
         if c.int8_format == "onnx"
-        else run_log.ModelFiles(c.int8_weights_path, int8_spec, c.tokenizer_json)
+        else model_log.ModelFiles(c.int8_weights_path, int8_spec, c.tokenizer_json)
     )
     name = run_name(cfg.model.name, c.history.strategy, c.history.world_size, c.fingerprint.value, c.started.started_at)
     record = run_record(c)

@@ -77,7 +77,7 @@ def version_description(record: RunRecord, cfg: PipelineConfig, model_name: str,
 
 def serves_alone(cfg: PipelineConfig, record: RunRecord, int8: bool) -> bool:
     """Whether this registered model is the ONNX one that loads without flyscale (as
-    run_log.model_args decides it)."""
+    model_log.model_args decides it)."""
     from flyscale.evaluate.quantize import works_on_onnx
     from flyscale.export.onnx import serves_alone as objective_serves_alone
     from flyscale.train.objective import of

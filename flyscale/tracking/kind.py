@@ -22,7 +22,7 @@ from typing import Any
 
 from flyscale.config import MlflowConfig
 from flyscale.errors import UserError
-from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.plugin.records import DatasetInfo, as_dataset_info
 
 log = logging.getLogger(__name__)
 

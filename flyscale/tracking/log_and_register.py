@@ -20,8 +20,9 @@ from flyscale.tracking import champion
 from flyscale.tracking import kind as kinds
 from flyscale.tracking.champion_reference import _version_of
 from flyscale.tracking.descriptions import Describer
+from flyscale.tracking.model_log import ModelFiles, log_model
 from flyscale.tracking.promotion import Promotion, promote
-from flyscale.tracking.run_log import ModelFiles, RunRecord, continued_run, log_model, log_run
+from flyscale.tracking.run_log import RunRecord, continued_run, log_run
 from flyscale.tracking.store import (
     DATA_TAG,
     REFERENCE_TAG,

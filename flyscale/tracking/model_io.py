@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from flyscale.data import fields
-from flyscale.plugin.contracts import ObjectiveContext
+from flyscale.plugin.records import ObjectiveContext
 
 
 def predict(objective: Any, model: nn.Module, model_input: Any, params: dict | None, context: ObjectiveContext) -> Any:

@@ -16,7 +16,7 @@ from torch import nn
 from flyscale import model as artifacts
 from flyscale.config import ModelConfig, ObjectiveConfig, QuantizeConfig
 from flyscale.evaluate.quantize import rebuild_quantized
-from flyscale.plugin.contracts import DatasetInfo, ObjectiveContext, as_dataset_info
+from flyscale.plugin.records import DatasetInfo, ObjectiveContext, as_dataset_info
 
 
 def spec_json(

@@ -29,7 +29,7 @@ from torch import nn
 
 from flyscale.config import MlflowConfig
 from flyscale.evaluate.gating import ChampionRef
-from flyscale.plugin.contracts import ObjectiveContext
+from flyscale.plugin.records import ObjectiveContext
 from flyscale.tracking import kind as kinds
 from flyscale.tracking.store import client_settings, mlflow_errors, tracking_uri
 

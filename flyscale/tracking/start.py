@@ -13,7 +13,7 @@ from torch import nn
 
 from flyscale.config import ModelConfig
 from flyscale.model import file_sha256
-from flyscale.plugin.contracts import DatasetInfo, as_dataset_info
+from flyscale.plugin.records import DatasetInfo, as_dataset_info
 from flyscale.tracking.model_spec import artifact_files
 from flyscale.tracking.store import quiet_artifacts, shown
 from flyscale.train.checkpoint_files import tensor_difference

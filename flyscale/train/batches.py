@@ -22,7 +22,7 @@ from flyscale.data.augment import Augment
 from flyscale.data.shards import Shards
 from flyscale.data.streaming import Stream, StreamingShards, buffer_rows, unit_batches
 from flyscale.data.tensors import to_tensors
-from flyscale.plugin.contracts import DatasetInfo
+from flyscale.plugin.records import DatasetInfo
 from flyscale.train.distributed import DistContext, sampler_order, set_epoch
 from flyscale.train.evaluator import EvalFn, evaluate_split, evaluate_units
 from flyscale.train.objective import default as default_objective

@@ -37,13 +37,12 @@ Ranks come only from the DistContext; the files are written, fsynced and hashed 
 that own them (an asynchronous save's off the training thread), and rank 0 uploads to the
 mirror from a thread of its own. The files, their manifest and their checks are in
 `checkpoint_files`, the commit in `checkpoint_commit`, the choice of what a resume loads in
-`checkpoint_choice`; here, who writes what and when.
+`checkpoint_choice`, the resume itself in `checkpoint_resume`; here, who writes what and when.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import time
@@ -52,33 +51,27 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import torch
 import torch.distributed.checkpoint as dcp
 
-from flyscale.train import reshard
-from flyscale.train.checkpoint_choice import holds_best, newest_whole, same_model, visible
-from flyscale.train.checkpoint_commit import Background, clear_leftovers, commit, hash_state
+from flyscale.train.checkpoint_commit import Background, Mirror, clear_leftovers, commit, hash_state, upload
 from flyscale.train.checkpoint_files import (
     FORMAT,
-    MANIFEST,
     PARTIAL,
     STATE,
-    CheckpointError,
-    NoIntactCheckpoint,
     complete_checkpoints,
     disk_full,
     is_disk_full,
-    same_strategy,
     step_dir,
     step_of,
     write_file,
 )
+from flyscale.train.checkpoint_resume import Resumer
 from flyscale.train.distributed import DistContext
 from flyscale.train.reshard import Reshard
 from flyscale.train.shared_disk import together
-from flyscale.train.state import Position, Resumed, TrainState, rng_state, set_rng_state
+from flyscale.train.state import Position, Resumed, TrainState, rng_state
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +89,6 @@ warnings.filterwarnings(
     message="torch.distributed is disabled, unavailable or uninitialized",
     module="torch.distributed.checkpoint",
 )
-
-
-class Mirror(Protocol):
-    """A second home for checkpoints that outlives this attempt (Flyte's checkpoint API)."""
-
-    def restore(self) -> Path | None:
-        """A local directory holding what an earlier attempt saved, or None."""
-
-    def save(self, checkpoint: Path) -> None:
-        """Copy the complete checkpoint directory `checkpoint` there."""
 
 
 class Checkpointer:
@@ -134,6 +117,7 @@ class Checkpointer:
         self.every_seconds = None if every_minutes is None else every_minutes * 60
         self.keep, self.resume, self.mirror = keep, resume, mirror
         self.resume_from = resume_from
+        self._resumer = Resumer(self.root, resume, resume_from, mirror)
         # Recorded in the manifest: what a run resumed on another number of workers must keep.
         self.global_batch, self.grad_accum_steps = global_batch, grad_accum_steps
         # Asynchronous: DCP copies the tensors to host memory and writes them from a thread while
@@ -144,7 +128,6 @@ class Checkpointer:
         self._ctx: DistContext | None = None  # whose ranks saved: `wait` gathers them
         self._hashing, self._uploads = Background("checkpoint-hash"), Background("checkpoint-upload")
         self._upload: Future[None] | None = None  # rank 0's upload of the newest to the mirror
-        self._chosen: tuple[Path, str, dict[str, Any]] | None = None  # `reshard_plan`'s choice, for `restore`
         self._last_save = time.monotonic()
         self._save_seconds = 0.0  # what the latest checkpoint held training up
         self.saved: list[int] = []  # steps this process checkpointed
@@ -286,7 +269,7 @@ class Checkpointer:
         clear_leftovers(self.root, self.keep)
         if self.mirror is not None:
             mirror, final = self.mirror, pending.final
-            self._upload = self._uploads.submit(lambda: _upload(mirror, final))
+            self._upload = self._uploads.submit(lambda: upload(mirror, final))
 
     def _uploaded(self) -> None:
         """Wait for the mirror's upload of the newest checkpoint (rank 0's); raise its failure."""
@@ -321,113 +304,21 @@ class Checkpointer:
         """Delete this run's restart directory: training finished, nothing will resume from it."""
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # -- resuming -----------------------------------------------------------------------------
+    # -- resuming (checkpoint_resume.py) ------------------------------------------------------
 
     def reshard_plan(self, ctx: DistContext, per_worker_batch: bool = True) -> Reshard | None:
-        """When the checkpoint a resume would load was written by another number of workers: how
-        this run keeps its global batch (see reshard.py; `per_worker_batch` as the strategy
-        says). None otherwise, and when there is nothing to resume. Call it before the loader is
-        built."""
-
-        def shape() -> tuple[int, int, int] | None:
-            if not (ctx.is_main and self.resume):
-                return None
-            try:
-                self._chosen = self._choose()
-                if self._chosen is not None:
-                    m = self._chosen[2]
-                    return m["world_size"], m.get("global_batch", 0), m.get("grad_accum_steps", 1)
-            except (CheckpointError, NoIntactCheckpoint, OSError, ValueError, KeyError):
-                pass  # restore() finds it again and says what is wrong
-            return None
-
-        saved = together(ctx, shape)[0]  # rank 0's look, on every rank (its failure too)
-        if saved is None or saved[0] == ctx.world_size or not saved[1]:
-            return None
-        world, global_batch, accum = saved
-        try:
-            return reshard.plan(world, global_batch, accum, ctx.world_size, per_worker_batch)
-        except reshard.ReshardError as exc:
-            raise CheckpointError(str(exc)) from None
+        """How this run keeps its global batch when the checkpoint a resume would load was written
+        by another number of workers, or None (`Resumer.reshard_plan`). Call it before the loader is built."""
+        return self._resumer.reshard_plan(ctx, per_worker_batch)
 
     def restore(self, state: TrainState, ctx: DistContext, strategy: str) -> tuple[Position, Resumed] | None:
-        """Load the newest checkpoint of this run into `state`: from the local restart directory,
-        or from the mirror (the previous Flyte attempt) where that holds a newer one.
-
-        None when there is none (or `resume` is off). A damaged newest one is passed over for
-        the newest whole one, never quietly: a warning names each passed over and what is wrong,
-        and the source the resume reports says it fell back; where none is whole,
-        NoIntactCheckpoint (retryable). An incompatible one, or a damaged one that
-        `recovery.resume_from` names, raises CheckpointError. Whatever rank 0 meets, every rank raises.
-        """
-        if not self.resume:
-            return None
-
-        def choose() -> tuple[str, str] | None:
-            if not ctx.is_main:
-                return None
-            found, self._chosen = self._chosen or self._choose(), None
-            if found is None:
-                return None
-            path, source, manifest = found
-            same_strategy(path, manifest, strategy)
-            # In the run directory: by its name, which every rank finds under its own root.
-            return (path.name if path.parent == self.root else str(path)), source
-
-        # One rank chooses, so that every rank loads the same checkpoint; its failure is everyone's.
-        choice = together(ctx, choose)[0]
-        if choice is None:
-            return None
-        where, source = choice
-        path = self.root / where  # `where` absolute (recovery.resume_from): that path
-
-        def read_mine() -> tuple[int, dict[str, Any]]:
-            manifest = json.loads(visible(path, MANIFEST, ctx).read_text())
-            saved_world = manifest["world_size"]
-            ranks = [ctx.rank] if saved_world == ctx.world_size else range(saved_world)
-            files = [visible(path, f"rank-{r}.pt", ctx) for r in ranks]
-            visible(path, f"{STATE}/.metadata", ctx)
-            loaded = [torch.load(f, map_location="cpu", weights_only=True) for f in files]
-            # Resharded: every saved rank's place in the data.
-            mine = loaded[0] if saved_world == ctx.world_size else reshard.rank_state(loaded, ctx.rank)
-            same_model(path, state)  # a pipeline stage checks its own layers: it may fail alone
-            return saved_world, mine
-
-        # Every rank reads its own files, where it stands; any rank that cannot stops them all
-        # (only the verdicts travel: each rank keeps what it read).
-        read: list[tuple[int, dict[str, Any]]] = []
-        together(ctx, lambda: read.append(read_mine()))
-        saved_world, mine = read[0]
-        if holds_best(path):  # early stopping's best epoch so far: room for it, for DCP to fill
-            state.keep_best()
-        # Collective: each rank reads the slices of what was saved that make up what it holds now.
-        held = state.sharded_state()
-        dcp.load(held, checkpoint_id=path / STATE)
-        state.load_sharded_state(held)
-        state.load_schedule_state(mine["schedule"])
-        position = Position(**mine["position"])
-        self._rng_after_skip = mine["rng"]
-        log.info(
-            "resuming from checkpoint %s (%s): step %d, epoch %d, batch %d",
-            path,
-            source,
-            position.step,
-            position.epoch + 1,
-            position.batch,
-        )
-        return position, Resumed(step=position.step, source=source, path=str(path), world_size=saved_world)
-
-    def _choose(self) -> tuple[Path, str, dict[str, Any]] | None:
-        restored = self.mirror.restore() if self.mirror is not None else None
-        return newest_whole(self.root, self.resume_from, restored)
+        """Load the newest whole checkpoint of this run into `state`, or None (`Resumer.restore`)."""
+        return self._resumer.restore(state, ctx, strategy)
 
     def restore_rng(self) -> None:
-        """Put back the RNG states of the checkpoint `restore` loaded. Call it once the resumed
-        epoch's loader has skipped the batches already done, as the saving run stood then."""
-        state = getattr(self, "_rng_after_skip", None)
-        if state is not None:
-            set_rng_state(state)
-            self._rng_after_skip = None
+        """Put back the RNG states of the checkpoint `restore` loaded, once the resumed epoch's
+        loader has skipped the batches already done (`Resumer.restore_rng`)."""
+        self._resumer.restore_rng()
 
 
 @dataclass
@@ -439,15 +330,6 @@ class _Pending:
     final: Path
     manifest: dict[str, Any]
     ctx: DistContext  # whose ranks commit it together
-
-
-def _upload(mirror: Mirror, checkpoint: Path) -> None:
-    """`mirror.save(checkpoint)`, its failure naming the checkpoint."""
-    try:
-        mirror.save(checkpoint)
-    except Exception as exc:
-        exc.add_note(f"(uploading checkpoint {checkpoint} to the mirror, the previous attempt's store, failed)")
-        raise
 
 
 def _position_dict(p: Position) -> dict[str, Any]:

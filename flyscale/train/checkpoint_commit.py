@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from flyscale.train.checkpoint_files import (
     ASIDE,
@@ -44,6 +44,16 @@ from flyscale.train.checkpoint_files import (
 )
 
 T = TypeVar("T")
+
+
+class Mirror(Protocol):
+    """A second home for checkpoints that outlives this attempt (Flyte's checkpoint API)."""
+
+    def restore(self) -> Path | None:
+        """A local directory holding what an earlier attempt saved, or None."""
+
+    def save(self, checkpoint: Path) -> None:
+        """Copy the complete checkpoint directory `checkpoint` there."""
 
 
 def state_files_of(state: Path, rank: int) -> list[str]:
@@ -106,3 +116,12 @@ class Background:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
         return self._pool.submit(contextvars.copy_context().run, work)
+
+
+def upload(mirror: Mirror, checkpoint: Path) -> None:
+    """`mirror.save(checkpoint)`, its failure naming the checkpoint."""
+    try:
+        mirror.save(checkpoint)
+    except Exception as exc:
+        exc.add_note(f"(uploading checkpoint {checkpoint} to the mirror, the previous attempt's store, failed)")
+        raise

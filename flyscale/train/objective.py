@@ -1,5 +1,5 @@
 """The objective training follows and validation measures: a plugin (the objectives kind,
-flyscale/plugin/contracts.py ObjectivePlugin), found by name like every other. Classification is
+flyscale/plugin/objective_protocol.py ObjectivePlugin), found by name like every other. Classification is
 the default wherever none is given, so code written before objectives existed trains as it did."""
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from typing import Any
 from torch import nn
 
 from flyscale.config import TrainConfig
-from flyscale.plugin.contracts import StrategyTraits as StrategyTraits  # the record, for callers of this module
-from flyscale.plugin.contracts import fixed_workers as fixed_workers
-from flyscale.plugin.contracts import traits_of
+from flyscale.plugin.strategy_protocol import StrategyTraits as StrategyTraits  # the record, for callers of this module
+from flyscale.plugin.strategy_protocol import fixed_workers as fixed_workers
+from flyscale.plugin.strategy_protocol import traits_of
 from flyscale.train import meta, step
 
 

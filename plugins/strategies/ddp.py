@@ -11,7 +11,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from flyscale.config import TrainConfig
-from flyscale.plugin.contracts import StrategyTraits
+from flyscale.plugin.strategy_protocol import StrategyTraits
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale.train.step import enable_activation_checkpointing

@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from flyscale.config import TrainConfig
-from flyscale.plugin.contracts import StrategyTraits
+from flyscale.plugin.strategy_protocol import StrategyTraits
 from flyscale.train import meta
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext

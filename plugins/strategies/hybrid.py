@@ -14,21 +14,21 @@ strategy, so one process with the same seed starts from the same weights.
 Tensor parallelism needs to know how to split a layer: a module says so in a `tp_plan`
 attribute (flyscale's GPT blocks do), or `train.options.tp_plan` names module paths for a model
 that does not.
+
+Its options are in hybrid_options, and the mesh with the model laid out on it in hybrid_mesh.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
 
 from flyscale.config import TrainConfig
-from flyscale.plugin.contracts import StrategyTraits
+from flyscale.plugin.strategy_protocol import StrategyTraits
 from flyscale.train import meta
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
@@ -36,157 +36,33 @@ from flyscale.train.objective import pairing, scored
 from flyscale.train.step import StepFn
 from flyscale.train.trainer import Parallelized
 from flyscale_plugins.strategies import fsdp, pipeline
+from flyscale_plugins.strategies.hybrid_mesh import (
+    Layout,
+    check_tensor_parallel,
+    data_parallel,
+    layout,
+    plans,
+    tensor_parallel,
+)
+from flyscale_plugins.strategies.hybrid_options import DATA_PARALLEL, MODEL_DIMENSIONS, STYLES, HybridOptions
 
-MODEL_DIMENSIONS = {"pp": "pipeline", "tp": "tensor"}
-DATA_PARALLEL = ("fsdp", "replicate")
-STYLES = ("colwise", "rowwise")
-
-
-@dataclass
-class HybridOptions:
-    # Ranks per dimension: the data-parallel degree `dp` and exactly one model dimension, `pp`
-    # (pipeline stages) or `tp` (tensor-parallel ranks). dp may be left out: the workers the job
-    # has, divided by the other. Their product is the number of workers.
-    mesh: dict[str, int] = field(default_factory=dict)
-    # On dp: "fsdp" shards parameters, gradients and optimizer state over the replicas;
-    # "replicate" keeps a whole copy on each and all-reduces gradients (DDP on FSDP2's machinery).
-    data_parallel: str = "fsdp"
-    reshard_after_forward: bool = True  # under fsdp: as the fsdp strategy's option
-    # Pipeline dimension: as the pipeline strategy's options.
-    schedule: str = "gpipe"
-    microbatches: int = 4
-    split_points: list[int] = field(default_factory=list)
-    # Tensor dimension, for a model whose layers declare no `tp_plan`: module path (wildcards
-    # allowed, e.g. "2.fc1") to "colwise" (split by output) or "rowwise" (split by input).
-    tp_plan: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self):
-        unknown = sorted(set(self.mesh) - {"dp", *MODEL_DIMENSIONS})
-        model_dims = [d for d in MODEL_DIMENSIONS if d in self.mesh]
-        if unknown or len(model_dims) != 1:
-            raise ValueError(
-                f"mesh names the data-parallel degree dp and one model dimension, pp (pipeline) or tp (tensor), "
-                f"e.g. {{dp: 2, pp: 2}}; got {self.mesh or '{}'}"
-            )
-        bad = {k: v for k, v in self.mesh.items() if not isinstance(v, int) or v < 1}
-        if bad:
-            raise ValueError(f"mesh degrees must be whole numbers >= 1, got {bad}")
-        if self.data_parallel not in DATA_PARALLEL:
-            raise ValueError(f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, got {self.data_parallel!r}")
-        if self.schedule not in ("gpipe", "1f1b"):  # one stage a rank: interleaving is the pipeline strategy's
-            raise ValueError(f"schedule must be one of gpipe, 1f1b, got {self.schedule!r}")
-        if self.microbatches < 1:
-            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
-        styles = {k: v for k, v in self.tp_plan.items() if v not in STYLES}
-        if styles:
-            raise ValueError(f"tp_plan styles must be one of {', '.join(STYLES)}, got {styles}")
-
-    def pipeline_options(self) -> pipeline.PipelineOptions:
-        """The pipeline dimension's options, as the pipeline strategy takes them."""
-        return pipeline.PipelineOptions(self.schedule, self.microbatches, self.split_points, stages_per_rank=1)
-
-    @property
-    def model_dim(self) -> str:
-        """ "pp" or "tp": the dimension that splits the model."""
-        return next(d for d in MODEL_DIMENSIONS if d in self.mesh)
-
-    def workers(self) -> int | None:
-        """How many workers the mesh asks for; None when dp is left to the job's size."""
-        return self.mesh["dp"] * self.mesh[self.model_dim] if "dp" in self.mesh else None
-
-    def degrees(self, world_size: int) -> tuple[int, int]:
-        """(dp, the model dimension's degree) at `world_size`; ValueError naming both when they do not fit."""
-        other = self.mesh[self.model_dim]
-        dp = self.mesh.get("dp", world_size // other)
-        if dp * other != world_size:
-            wanted = f"{dp * other}" if "dp" in self.mesh else f"a multiple of {other}"
-            raise ValueError(
-                f"train.options.mesh {self.mesh} needs {wanted} workers, and this run has {world_size}: change the "
-                f"mesh, or the workers (FLYSCALE_NPROC_PER_NODE, times FLYSCALE_NNODES on a cluster)"
-            )
-        return dp, other
-
-
-@dataclass
-class Layout:
-    """This rank's place on the mesh, and the context its data is drawn by (its dp replica's)."""
-
-    mesh: Any  # torch DeviceMesh with dimensions "dp" and "pp" or "tp"
-    dp: int
-    dp_rank: int
-    degree: int  # of the model dimension
-    model_rank: int
-    data_ctx: DistContext  # rank = dp_rank, world_size = dp: the rows this replica trains and scores
-
-
-def layout(ctx: DistContext, options: HybridOptions) -> Layout:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    dp, degree = options.degrees(ctx.world_size)
-    kind = options.model_dim
-    # Tensor parallelism talks on every layer, so its ranks are neighbours (innermost: one node);
-    # pipeline stages talk least, so they are outermost (torchtitan lays meshes out the same way).
-    shape, names = ((dp, degree), ("dp", kind)) if kind == "tp" else ((degree, dp), (kind, "dp"))
-    # The device type always given: with GPUs present, a gloo group would otherwise move the model to CUDA.
-    mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=names)
-    dp_rank, model_rank = mesh.get_local_rank("dp"), mesh.get_local_rank(kind)
-    data_ctx = dataclasses.replace(ctx, rank=dp_rank, world_size=dp)
-    return Layout(mesh, dp, dp_rank, degree, model_rank, data_ctx)
-
-
-def data_parallel(modules: Iterable[nn.Module], mesh, options: HybridOptions) -> None:
-    """FSDP2 (or its replication) over the dp dimension, unit by unit, the last module being the root."""
-    from torch.distributed._composable.replicate_with_fsdp import replicate  # private, as in torchtitan
-    from torch.distributed.fsdp import fully_shard
-
-    for module in modules:
-        if options.data_parallel == "fsdp":
-            fully_shard(module, mesh=mesh, reshard_after_forward=options.reshard_after_forward)
-        else:
-            replicate(module, mesh=mesh)
-
-
-def tensor_parallel(model: nn.Module, mesh, options: HybridOptions) -> None:
-    """Split the matmuls each module's `tp_plan` (or the config's) names over the tp dimension."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    style = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    for module, plan in plans(model, options):
-        parallelize_module(module, mesh, {path: style[s]() for path, s in plan.items()})
-
-
-def plans(model: nn.Module, options: HybridOptions) -> list[tuple[nn.Module, dict[str, str]]]:
-    """(module, its plan) for every module that declares a `tp_plan`, or the config's at the root."""
-    if options.tp_plan:
-        return [(model, options.tp_plan)]
-    return [(m, cast(dict, m.tp_plan)) for m in model.modules() if isinstance(getattr(m, "tp_plan", None), dict)]
-
-
-def check_tensor_parallel(model: nn.Module, options: HybridOptions, tp: int) -> None:
-    """Every planned layer splits into `tp` whole pieces, and every split by heads gives each rank whole heads."""
-    found = plans(model, options)
-    if not found:
-        raise ValueError(
-            f"train.options.mesh asks for tensor parallelism, and no module of this {type(model).__name__} declares "
-            f"a tp_plan: give train.options.tp_plan (module path: colwise | rowwise), or use mesh {{dp: N, pp: M}}"
-        )
-    for name, m in model.named_modules():
-        heads = getattr(m, "heads", None)
-        if isinstance(heads, int) and heads % tp:
-            raise ValueError(f"{name or 'the model'} has {heads} attention heads, which tp={tp} ranks cannot share out")
-    for module, plan in found:
-        for path, style in plan.items():
-            if "*" in path:
-                continue
-            try:
-                linear = module.get_submodule(path)
-            except AttributeError:
-                raise ValueError(f"tp_plan names {path!r}, and {type(module).__name__} has no such module") from None
-            if not isinstance(linear, nn.Linear):
-                raise ValueError(f"tp_plan names {path!r}, a {type(linear).__name__}: only nn.Linear layers split")
-            size = linear.out_features if style == "colwise" else linear.in_features
-            if size % tp:
-                raise ValueError(f"{path} ({linear}) cannot be split {style} into {tp} equal parts: {size} features")
+# The pieces now in hybrid_options and hybrid_mesh stay importable from here.
+__all__ = [
+    "DATA_PARALLEL",
+    "MODEL_DIMENSIONS",
+    "STYLES",
+    "Hybrid",
+    "HybridOptions",
+    "Layout",
+    "check_tensor_parallel",
+    "clip_grad_norm",
+    "data_parallel",
+    "hybrid",
+    "layout",
+    "lockstep_scores",
+    "plans",
+    "tensor_parallel",
+]
 
 
 def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float, ctx: DistContext, holders: int) -> None:
