@@ -27,7 +27,7 @@ from flyscale.tracking.log_and_register import Registration
 from flyscale.train.distributed import DistContext, configure_logging
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
-from tasks.records import EvaluatedModel, QuantizedModel, TrainedModel, ValidatedData
+from tasks.records import EvaluatedModel, ModelBundle, QuantizedModel, ValidatedData
 
 # The image the workflow is registered with (None for a local run): every task's container image,
 # so that it is part of their cache versions, and named in their pods for the lineage tags.
@@ -101,7 +101,7 @@ register(
     Comparison,
     LatencyReport,
     ValidatedData,
-    TrainedModel,
+    ModelBundle,
     EvaluatedModel,
     QuantizedModel,
 )

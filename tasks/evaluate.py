@@ -16,7 +16,7 @@ from flytekit import Deck, task
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
-from flyscale.config import GatesConfig, MlflowConfig, ModelConfig, ObjectiveConfig, QuantizeConfig
+from flyscale.config import GatesConfig, MlflowConfig, ObjectiveConfig, QuantizeConfig
 from flyscale.data import fields, shards
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches, calibration_batches
@@ -30,7 +30,7 @@ from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
-from flyscale.model import build_model, file_sha256, load_state, save_state
+from flyscale.model import save_state
 from flyscale.plugin.records import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
 from flyscale.render.decks import evaluation_html
@@ -43,10 +43,10 @@ from tasks.common import DECKS, SMALL, TASK, TRACKED
 from tasks.records import (
     EvaluatedModel,
     ExportedModel,
+    ModelBundle,
     QuantizedModel,
     ServedModel,
     ValidatedData,
-    keyed,
 )
 
 log = logging.getLogger(__name__)
@@ -97,57 +97,36 @@ def latency_inputs(objective: Any, info: DatasetInfo) -> dict[str, Any]:
 TOKEN_BATCH_SIZES = (1, 8, 32)
 
 
-# The weights and the tokenizer enter the key by their sha256 (a record's field has no hash of its own).
-@task(cache=code_cache("models", "objectives", ignored_inputs=("weights", "tokenizer")), **TASK, requests=SMALL)
-def evaluate_model(
-    weights: FlyteFile,
-    weights_sha256: str,  # TrainedModel.sha256
-    test: Shards,
-    info: DatasetInfo,
-    model_cfg: ModelConfig,
-    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
-    tokens: TokenStats | None = None,
-    tokenizer: FlyteFile | None = None,
-    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
-) -> Evaluated:
+@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+def evaluate_model(model: ModelBundle, test: Shards, tokens: TokenStats | None = None) -> Evaluated:
     """The objective's metrics of the trained model on the test split (a classifier's accuracy,
     macro-F1, per-class precision and recall, calibration and confusion matrix; a language
     model's perplexity and bits per byte, and its continuations of fixed prompts), and the
-    fingerprint of that split. Text (`tokens`, `tokenizer`): bits per byte, and samples decoded."""
+    fingerprint of that split. Text (`tokens`, the bundle's tokenizer): bits per byte, and samples decoded."""
     run = TaskRun.start("evaluate_model")
-    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
-    path = weights.download()
-    model = load_state(build_model(model_cfg, info), path)
-    context = objective_context(info, tokens, tokenizer)
-    metrics = evaluate_batches(model, batches(test, info), objectives.of(objective), context)
-    metrics.weights_sha256 = file_sha256(path)
-    assert metrics.weights_sha256 == weights_sha256, "the weights are not those their sha256 (the cache key) says"
+    context = objective_context(model.info, tokens, model.tokenizer)
+    metrics = evaluate_batches(model.module(), batches(test, model.info), objectives.of(model.objective), context)
+    metrics.weights_sha256 = model.weights_sha256
     return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())), run.done())
 
 
 @task(
-    cache=code_cache("models", "quantizers", "objectives", ignored_inputs=("weights", "onnx_model", "tokenizer")),
+    cache=code_cache("models", "quantizers", "objectives", ignored_inputs=("onnx_model",)),
     **TASK,
     requests=SMALL,
     enable_deck=True,
     deck_fields=DECKS,
 )
 def quantize_model(
-    weights: FlyteFile,
-    weights_sha256: str,  # TrainedModel.sha256
+    model: ModelBundle,
     train: Shards,
     test: Shards,
-    info: DatasetInfo,
-    model_cfg: ModelConfig,
     cfg: QuantizeConfig,
     fp32: EvalMetrics,
     history: TrainHistory,
     onnx_model: FlyteFile,
     onnx_sha256: str,  # ExportedModel.sha256 ("" with no export: an empty file)
-    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
     tokens: TokenStats | None = None,
-    tokenizer: FlyteFile | None = None,
-    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
 ) -> Quantized:
     """Quantize (calibrating on training rows where the quantizer needs it), evaluate the int8
     model on the same test split, and time both models side by side at batch 1, 8, 64 and 256.
@@ -156,9 +135,8 @@ def quantize_model(
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
     run = TaskRun.start("quantize_model")
-    keyed(weights, weights_sha256, "the weights")
-    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
-    goal = objectives.of(objective)
+    info = model.info
+    goal = objectives.of(model.objective)
     exported = Path(onnx_model.download())
     if works_on_onnx(cfg) and (exported.stat().st_size == 0 or zipfile.is_zipfile(exported)):  # none, or a .pt2
         fallback = QuantizeConfig(name="torch_dynamic_int8")
@@ -169,7 +147,7 @@ def quantize_model(
             fallback.name,
         )
         cfg = fallback
-    context = objective_context(info, tokens, tokenizer)
+    context = objective_context(info, tokens, model.tokenizer)
 
     def measured(cfg: QuantizeConfig, fp32: EvalMetrics) -> tuple[EvalMetrics, Comparison, str]:
         """The int8 model `cfg` makes, evaluated and timed beside fp32: (its metrics, the comparison, its file)."""
@@ -186,7 +164,7 @@ def quantize_model(
             qmodel = onnx.OnnxModule(quantize_onnx(fp32_model.path, cfg, calibration))
             out = str(qmodel.path)
         else:
-            fp32_model = load_state(build_model(model_cfg, info), weights.download())
+            fp32_model = model.module()
             qmodel = quantize(fp32_model, cfg, calibration_batches(train, info))
             out = save_state(qmodel, "model_int8.pt")
         metrics = evaluate_batches(qmodel, batches(test, info), goal, context)

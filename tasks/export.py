@@ -10,18 +10,17 @@ from typing import Annotated, NamedTuple
 from flytekit import task
 from flytekit.types.file import FlyteFile
 
-from flyscale.config import ExportConfig, ModelConfig, ObjectiveConfig
+from flyscale.config import ExportConfig
 from flyscale.data.shards import Shards
 from flyscale.data.tensors import batches
 from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
-from flyscale.model import build_model, file_sha256, load_state
-from flyscale.plugin.records import DatasetInfo
+from flyscale.model import file_sha256
 from flyscale.train import objective as objectives
 from tasks.common import SMALL, TASK
-from tasks.records import ExportedModel, keyed
+from tasks.records import ExportedModel, ModelBundle
 
 log = logging.getLogger(__name__)
 
@@ -31,30 +30,24 @@ class Exported(NamedTuple):
     run: TaskRun
 
 
-# The weights enter the key by their sha256 (a record's field has no hash of its own).
-@task(cache=code_cache("models", "objectives", ignored_inputs=("weights",)), **TASK, requests=SMALL)
+@task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
 def export_model(
-    weights: FlyteFile,
-    weights_sha256: str,  # TrainedModel.sha256
+    model: ModelBundle,
     test: Shards,
-    info: DatasetInfo,
-    model_cfg: ModelConfig,
-    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
-    export: ExportConfig = ExportConfig(),  # noqa: B008
+    export: ExportConfig = ExportConfig(),  # noqa: B008 (a Flyte input's default is its value)
 ) -> Exported:
     """Export the trained model to ONNX (dynamic batch; dynamic sequence for token ids), and
     fail unless ONNX Runtime answers the test split as the PyTorch model does. A model ONNX
     cannot take fails here, naming why; with export.fallback torch it is handed on without an
     export (an empty file, no sha256), with the reason, and the PyTorch model is registered."""
     run = TaskRun.start("export_model")
-    keyed(weights, weights_sha256, "the weights")
-    model = load_state(build_model(model_cfg, info), weights.download())
-    goal = objectives.of(objective)
+    module, info = model.module(), model.info
+    goal = objectives.of(model.objective)
     x, y = next(iter(batches(test, info)))
     path = Path(tempfile.mkdtemp()) / "model.onnx"
     example = onnx.model_inputs(x[:8], y[:8], goal)  # traced on a few rows; any batch size serves
     try:
-        onnx.export(model, example, path)
+        onnx.export(module, example, path)
     except onnx.ExportError as exc:
         if export.fallback != "torch":
             raise
@@ -63,7 +56,7 @@ def export_model(
         path.write_bytes(b"")
         return Exported(ExportedModel(FlyteFile(str(path)), "", f"not exported: {exc}", 0.0, ""), run.done())
     # An export that answers differently is a bug to fix, not a model to ship: that fails here.
-    parity = onnx.check_parity(model, path, batches(test, info), goal)
+    parity = onnx.check_parity(module, path, batches(test, info), goal)
     exported = ExportedModel(
         FlyteFile(str(path)), file_sha256(str(path)), parity.sentence(), parity.max_abs_diff, "onnx"
     )

@@ -10,15 +10,13 @@ from typing import Annotated, NamedTuple
 
 from flytekit import task
 from flytekit.types.directory import FlyteDirectory
-from flytekit.types.file import FlyteFile
 
-from flyscale.config import ModelConfig, ObjectiveConfig, ServingConfig
+from flyscale.config import ServingConfig
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import TaskRun
-from flyscale.plugin.records import DatasetInfo
 from tasks.common import SMALL, TASK
-from tasks.records import ExportedModel, ServedLevel, ServedModel, keyed
+from tasks.records import ExportedModel, ModelBundle, ServedLevel, ServedModel
 
 
 class Served(NamedTuple):
@@ -26,31 +24,16 @@ class Served(NamedTuple):
     run: TaskRun
 
 
-# The weights and the tokenizer enter the key by their sha256 (a record's field has no hash of its own).
 @task(
-    cache=code_cache(
-        "models", "objectives", libraries=(*LIBRARIES, "mlflow", "onnxruntime"), ignored_inputs=("weights", "tokenizer")
-    ),
+    cache=code_cache("models", "objectives", libraries=(*LIBRARIES, "mlflow", "onnxruntime")),
     **TASK,
     requests=SMALL,
 )
-def load_test_model(
-    exported: ExportedModel,
-    weights: FlyteFile,
-    weights_sha256: str,  # TrainedModel.sha256
-    info: DatasetInfo,
-    model_cfg: ModelConfig,
-    cfg: ServingConfig,
-    objective: ObjectiveConfig = ObjectiveConfig(),  # noqa: B008 (a Flyte input's default is its value)
-    tokenizer: FlyteFile | None = None,
-    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256
-) -> Served:
+def load_test_model(exported: ExportedModel, model: ModelBundle, cfg: ServingConfig) -> Served:
     """With serving.loadtest: the fp32 model saved as registration would log it, served by
     `cfg.setup` on loopback, each level of closed-loop clients measured (flyscale/serving). Off:
     nothing measured."""
     run = TaskRun.start("load_test_model")
-    keyed(weights, weights_sha256, "the weights")
-    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
     if not cfg.loadtest:
         return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())
@@ -60,12 +43,11 @@ def load_test_model(
     from flyscale.tracking.model_spec import spec_json
 
     tmp = Path(tempfile.mkdtemp(prefix="flyscale-candidate-"))
-    tokenizer_json = Path(tokenizer.download()).read_text() if tokenizer is not None else ""
     export = exported.onnx.download() if exported.exported else ""
     files = model_log.ModelFiles(
-        weights.download(),
-        spec_json(model_cfg, info, None, objective),
-        tokenizer_json,
+        model.weights.download(),
+        spec_json(model.model, model.info, None, model.objective),
+        model.tokenizer_json(),
         onnx_path=export,
         limits=cfg.limits(),
     )

@@ -5,18 +5,20 @@ A workflow passes a record whole (registration takes them all) or one field of i
 and FlyteDirectory fields, uploaded and downloaded by Flyte, never behind its back.
 
 A task returns each record `Annotated[..., BY_CONTENT]`: a task that takes it whole is keyed on
-its content, not on where its files were written. A file taken out of a record (`trained.weights`)
-enters a key by the sha256 beside it (`trained.sha256`), the file itself an ignored input.
+its content, not on where its files were written. A file taken out of a record (`exported.onnx`)
+enters a key by the sha256 beside it (`exported.sha256`), the file itself an ignored input.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
+from torch import nn
 
+from flyscale.config import ModelConfig, ObjectiveConfig
 from flyscale.data.reference import Profile
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
@@ -25,8 +27,8 @@ from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.flyte.content import file_sha256
+from flyscale.model import build_model, load_state
 from flyscale.plugin.records import DatasetInfo
-from flyscale.train.telemetry import TrainHistory
 
 
 def keyed(file: FlyteFile | None, sha256: str, name: str) -> None:
@@ -78,16 +80,32 @@ class ValidatedData:
 
 
 @dataclass
-class TrainedModel:
-    """The trained weights (a state_dict file), their sha256, and how training went."""
+class ModelBundle:
+    """The trained model as every stage after training takes it, in one record: the weights (a
+    state_dict file), what they are the weights of (the model's config, and the dataset info it
+    was built from), the objective that reads its outputs, and for text the tokenizer whose ids
+    it reads. `module()` is the one way back to a torch module.
+
+    Training returns it keyed by content: a stage that takes it whole keys on the weights' bytes,
+    the configs and the tokenizer's bytes, never on where the files were written."""
 
     weights: FlyteFile
-    history: TrainHistory
-    sha256: str = ""  # the weights': what the cache keys of the tasks that take `weights` hold of them
+    weights_sha256: str
+    info: DatasetInfo
+    model: ModelConfig
+    objective: ObjectiveConfig
+    tokenizer: FlyteFile | None = None  # text: the tokenizer's JSON
 
-    def with_sha256(self) -> TrainedModel:
-        """This model, its weights' sha256 filled in (by the training task, where they were written)."""
-        return dataclasses.replace(self, sha256=file_sha256(self.weights.path))
+    def module(self) -> nn.Module:
+        """The model with these weights, in eval mode (checked against their sha256 first)."""
+        path = self.weights.download()
+        if file_sha256(path) != self.weights_sha256:
+            raise ValueError(f"the weights at {path} are not those their sha256 says ({self.weights_sha256[:12]})")
+        return load_state(build_model(self.model, self.info), path)
+
+    def tokenizer_json(self) -> str:
+        """The tokenizer's JSON ("" where the model reads no text)."""
+        return Path(self.tokenizer.download()).read_text() if self.tokenizer is not None else ""
 
 
 @dataclass

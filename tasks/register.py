@@ -7,7 +7,6 @@ computed and what it took from the cache."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import NamedTuple
 
 from flytekit import task
@@ -22,8 +21,9 @@ from flyscale.tracking.candidate import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.live import close_failed_runs
 from flyscale.tracking.store import tracking_uri
 from flyscale.train.preflight import PreflightReport
+from flyscale.train.telemetry import TrainHistory
 from tasks.common import SMALL, TASK, TRACKED
-from tasks.records import EvaluatedModel, ExportedModel, QuantizedModel, ServedModel, TrainedModel, ValidatedData
+from tasks.records import EvaluatedModel, ExportedModel, ModelBundle, QuantizedModel, ServedModel, ValidatedData
 
 
 class Registered(NamedTuple):
@@ -50,7 +50,8 @@ def _publisher(name: str, publish: bool, doc: str):
         cfg: PipelineConfig,
         validated: ValidatedData,
         preflight: PreflightReport,
-        trained: TrainedModel,
+        model: ModelBundle,
+        history: TrainHistory,
         fp32: EvaluatedModel,
         int8: QuantizedModel,
         exported: ExportedModel,
@@ -69,9 +70,9 @@ def _publisher(name: str, publish: bool, doc: str):
             quarantine_dir=validated.quarantined.dir.download(),
             profile=validated.profile,
             report_dir=validated.report_files.download(),
-            history=trained.history,
+            history=history,
             preflight=preflight,
-            weights_path=trained.weights.download(),
+            weights_path=model.weights.download(),
             fp32=fp32.metrics,
             test_sha256=fp32.test_sha256,
             judgment=judgment,
@@ -92,7 +93,7 @@ def _publisher(name: str, publish: bool, doc: str):
             runs=[*data_runs, *runs],
             started=started,
             tokens=validated.tokens,
-            tokenizer_json=Path(validated.tokenizer.download()).read_text() if validated.tokenizer else "",
+            tokenizer_json=model.tokenizer_json(),
         )
         return Registered(summary=RunSummary.of(candidate, register(candidate, publish)), run=run.done())
 

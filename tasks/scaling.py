@@ -170,7 +170,7 @@ def training_task(workers: int):
         with torch_threads(threads):
             return _measure(
                 spec,
-                trained.weights.path,
+                trained.path,
                 original,
                 val,
                 info,

@@ -28,9 +28,9 @@ from flyscale.search.report import SearchSummary, Study
 from flyscale.search.study import TrialResult, TrialSpec
 from flyscale.tracking.live import close_failed_runs
 from flyscale.train.preflight import PreflightReport
+from flyscale.train.telemetry import TrainHistory
 from tasks.common import SMALL, TASK, TRACKED
 from tasks.data import by_content
-from tasks.records import TrainedModel
 from tasks.train import train_model
 
 log = logging.getLogger(__name__)
@@ -74,10 +74,10 @@ def run_trials(
     if not specs:
         return done
     keyed = by_content(train=train, val=val)  # keyed by content again, not by where they were written
-    trained, runs = [], []
+    histories, runs = [], []
     for spec in specs:
         trial = study.trial_config(cfg, spec)
-        model, run = train_model(
+        _, history, run = train_model(
             train=keyed.train,
             val=keyed.val,
             info=info,
@@ -94,9 +94,9 @@ def run_trials(
             trial_key=spec.key(),
             workers=preflight.workers,
         )
-        trained.append(model)
+        histories.append(history)
         runs.append(run)
-    told = tell_trials(cfg=cfg, at=at, specs=specs, trained=trained, runs=runs, done=done, started=started)
+    told = tell_trials(cfg=cfg, at=at, specs=specs, histories=histories, runs=runs, done=done, started=started)
     return run_trials(
         cfg=cfg,
         at=at,
@@ -115,7 +115,7 @@ def tell_trials(
     cfg: SearchStudyConfig,
     at: Study,
     specs: list[TrialSpec],
-    trained: list[TrainedModel],
+    histories: list[TrainHistory],
     runs: list[TaskRun],
     done: list[TrialResult],
     started: TaskRun,
@@ -125,11 +125,11 @@ def tell_trials(
     one that says so."""
     opened = study.load(at.name, at.storage, at.storage_env, cfg.search)
     told = []
-    for spec, model, run in zip(specs, trained, runs):
+    for spec, history, run in zip(specs, histories, runs):
         replayed = run.cached(started.started_at)
-        result = study.tell(opened, spec, model.history, replayed)
+        result = study.tell(opened, spec, history, replayed)
         ended = 0.0 if replayed else run.started_at + run.seconds
-        result = dataclasses.replace(result, run_id=report.close_trial(cfg, at, result, model.history, ended))
+        result = dataclasses.replace(result, run_id=report.close_trial(cfg, at, result, history, ended))
         log.info("trial %d: %s %s = %.4f %s", result.number, result.state, cfg.search.metric, result.value, spec.params)
         told.append(result)
     return [*done, *told]

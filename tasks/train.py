@@ -25,7 +25,7 @@ from flyscale.data.augment import on_the_fly
 from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import code_cache, code_version
-from flyscale.flyte.content import BY_CONTENT
+from flyscale.flyte.content import BY_CONTENT, file_sha256
 from flyscale.flyte.provenance import TaskRun
 from flyscale.model import build_model, save_state
 from flyscale.plugin.records import DatasetInfo
@@ -42,9 +42,10 @@ from flyscale.train.loop import Hooks
 from flyscale.train.preflight import PreflightReport, global_batch, keep_global_batch
 from flyscale.train.run_dirs import prune, restart_directory, training_key
 from flyscale.train.strategies import any_worker_count, per_worker_batch, reshards, strategy, wants_meta_model
+from flyscale.train.telemetry import TrainHistory
 from flyscale.train.trainer import train as train_with
 from tasks.common import DECKS, task_options, tracked
-from tasks.records import StartWeights, TrainedModel
+from tasks.records import ModelBundle, StartWeights, keyed
 
 log = logging.getLogger(__name__)
 
@@ -90,8 +91,16 @@ def registered_workers(cfg: TrainConfig, preflight: PreflightReport) -> str:
     return "auto: the registered count (auto chooses in local runs)"
 
 
+class TrainedWeights(NamedTuple):
+    """What rank 0's training job ends with: the weights' file (a state_dict) and how it went."""
+
+    path: str
+    history: TrainHistory
+
+
 class Trained(NamedTuple):
-    model: Annotated[TrainedModel, BY_CONTENT]  # keyed by content downstream, its weights by `sha256`
+    model: Annotated[ModelBundle, BY_CONTENT]  # keyed by content downstream: the weights' bytes, not their place
+    history: TrainHistory
     run: TaskRun
 
 
@@ -103,7 +112,7 @@ class Trained(NamedTuple):
 # not by the storage it reports to, which is new in every execution.
 # The preflight enters by what training takes from it, the workers auto chose (`workers`), not by
 # the throughputs it measured.
-IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial", "preflight")
+IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial", "preflight", "tokenizer")
 
 
 def train_job(
@@ -122,7 +131,7 @@ def train_job(
     start: StartWeights = StartWeights(),  # noqa: B008 (never mutated)
     trial: TrialSpec = TrialSpec(),  # noqa: B008 (never mutated)
     preflight: PreflightReport = PreflightReport.skipped(),  # noqa: B008 (never mutated)
-) -> TrainedModel | None:
+) -> TrainedWeights | None:
     """The training job, on every worker: the configured strategy on the model, with this run's
     checkpoints and live MLflow curves as its hooks. Rank 0 returns the trained model; the
     others return None (or, in a classic PyTorchJob pod, tell Flyte their outputs are not the
@@ -205,7 +214,7 @@ def train_job(
         if start.weights is not None:
             result.history.started_from = f"{start.source} (weights sha256 {start.sha256[:12]})"
         Deck("Learning curves", learning_curves_html(result.history))
-        return TrainedModel(FlyteFile(save_state(result.model, "model.pt")), result.history)
+        return TrainedWeights(save_state(result.model, "model.pt"), result.history)
 
 
 @task(
@@ -237,12 +246,15 @@ def train_model(
     trial: TrialSpec = TrialSpec(),  # noqa: B008 (a search's trial: where it reports, what prunes it)
     trial_key: str = "",  # what the cache keys on of the trial (trial is ignored): TrialSpec.key()
     workers: int = 0,  # how many workers FLYSCALE_NPROC_PER_NODE=auto chose locally (0: the launcher's count)
+    tokenizer: FlyteFile | None = None,  # text: the tokenizer the model's ids are of, handed on in its bundle
+    tokenizer_sha256: str = "",  # ValidatedData.tokenizer_sha256: what the cache keys on (tokenizer is ignored)
 ) -> Trained:
     """Train with the configured strategy on every worker; rank 0 returns the weights, and logs
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
     resumes from the newest one of this training (after a worker restart, a Flyte retry, or
     the same command again after a Ctrl-C)."""
     run = TaskRun.start("train_model")
+    keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     trained = train_job(
         train,
         val,
@@ -259,4 +271,9 @@ def train_model(
         trial=trial,
         preflight=preflight,
     )
-    return Trained(trained.with_sha256(), run.done()) if trained is not None else None  # type: ignore[return-value]  # other ranks: no outputs
+    if trained is None:
+        return None  # type: ignore[return-value]  # other ranks: no outputs
+    bundle = ModelBundle(
+        FlyteFile(trained.path), file_sha256(trained.path), info, model_cfg, objective, tokenizer=tokenizer
+    )
+    return Trained(bundle, trained.history, run.done())

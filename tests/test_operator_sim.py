@@ -172,7 +172,8 @@ def _outputs(prefix: str, tmp_path: Path):
     from flytekit.core.type_engine import TypeEngine
     from flytekit.models.literals import LiteralMap
 
-    from tasks.records import TrainedModel
+    from flyscale.train.telemetry import TrainHistory
+    from tasks.records import ModelBundle
 
     access = FileAccessProvider(
         local_sandbox_dir=str(tmp_path / "read"), raw_output_prefix=f"{prefix}/read", data_config=FlyteDataConfig.auto()
@@ -184,8 +185,9 @@ def _outputs(prefix: str, tmp_path: Path):
     literals = LiteralMap.from_flyte_idl(pb).literals
     ctx = FlyteContextManager.current_context()
     with FlyteContextManager.with_context(ctx.with_file_access(access)) as read:
-        trained = TypeEngine.to_python_value(read, literals["model"], TrainedModel)
-    return literals, trained
+        model = TypeEngine.to_python_value(read, literals["model"], ModelBundle)
+        history = TypeEngine.to_python_value(read, literals["history"], TrainHistory)
+    return literals, model, history
 
 
 def _wait(pods, exit_code: int = 0) -> list[str]:
@@ -233,13 +235,12 @@ def test_two_elastic_nodes_rendezvous_train_and_rank_zero_writes_the_outputs(tmp
     rdzv = f"localhost:{free_port()}"
     operator = [_elastic_pods(i, rdzv) for i in range(2)]
     logs = _wait(_pods(spec, inputs, prefix, tmp_path, moto_endpoint, operator))
-    literals, trained = _outputs(prefix, tmp_path)
-    assert set(literals) == {"model", "run"}
-    history = trained.history
+    literals, model, history = _outputs(prefix, tmp_path)
+    assert set(literals) == {"model", "history", "run"}
     assert history.world_size == 2 and history.strategy == "ddp"  # one process on each of two "nodes"
     assert history.checkpoints_saved >= 2, history.checkpoints_saved  # both pods wrote theirs on the volume
     assert len(history.epochs) == 2 and history.epochs[-1].val_accuracy > 0.5
-    weights = trained.weights.remote_source
+    weights = model.weights.remote_source
     assert weights.startswith(f"s3://{bucket}/job/raw"), weights  # rank 0 uploaded the model to the object store
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="job/outputs/")["Contents"]}
     assert {"job/outputs/outputs.pb", "job/outputs/deck.html"} <= listed, listed  # and rank 0's Learning curves
@@ -265,8 +266,7 @@ def test_a_classic_pytorchjob_master_and_worker_train_fsdp_and_the_master_writes
     logs = _wait(
         _pods(spec, inputs, prefix, tmp_path, moto_endpoint, [{**master, "RANK": "0"}, {**master, "RANK": "1"}])
     )
-    _, trained = _outputs(prefix, tmp_path)
-    history = trained.history
+    _, _, history = _outputs(prefix, tmp_path)
     assert history.world_size == 2 and history.strategy == "fsdp" and len(history.epochs) == 2
     assert history.checkpoints_saved >= 2, history.checkpoints_saved  # each pod its shards, on the volume
     assert history.epochs[-1].val_accuracy > 0.5

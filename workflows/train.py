@@ -5,7 +5,8 @@
     pyflyte run --remote workflows/train.py training_pipeline               # on a Flyte cluster
 
 Each stage hands the next a typed record (tasks/records.py); a stage that needs one field of it
-gets that field (`trained.weights`). Every cached task also returns a stamp (`*_ran`) of when its
+gets that field (`validated.info`). Training hands on the model as one bundle, which evaluation,
+export, quantization, the load test and registration each take whole. Every cached task also returns a stamp (`*_ran`) of when its
 body ran; the last task reads them to say what this execution computed and what it took from the
 cache.
 """
@@ -29,7 +30,7 @@ from workflows.data import dataset
 def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # noqa: B008 (a Flyte input's default)
     """check the model -> fingerprint -> data (a table in memory or streamed, typed examples, or text) -> preflight -> train -> evaluate -> export (ONNX) -> quantize (the
     ONNX file, by default) -> load test of the served model (serving.loadtest) -> gate -> register (every gate passed) or record (one failed) -> summarize."""
-    model = check_model(
+    model_check = check_model(
         data_cfg=cfg.data,
         model_cfg=cfg.model,
         cfg=cfg.train,
@@ -37,7 +38,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         tokenize=cfg.tokenize,
         mlflow_cfg=cfg.mlflow,
     )
-    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model)
+    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model_check)
     train, val, test, validated, data_ran = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind)
     preflight, preflight_ran = preflight_check(
         train=train,
@@ -48,7 +49,7 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         preflight_cfg=cfg.preflight,
         objective=cfg.objective,
     )
-    trained, train_ran = train_model(
+    model, history, train_ran = train_model(
         train=train,
         val=val,
         info=validated.info,
@@ -61,63 +62,30 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         recovery=cfg.recovery,
         augment=cfg.augment,
         objective=cfg.objective,
-        start=model.start,
-        start_sha256=model.start.sha256,
+        start=model_check.start,
+        start_sha256=model_check.start.sha256,
         workers=preflight.workers,
-    )
-    # Text: the tokenizer decodes samples, and its bytes a token give bits per byte. (Not all of
-    # `validated`: its report changes with the champion, which would re-run evaluation.) Each call
-    # gets attribute promises of its own: flytekit resolves one in place, and a resolved None
-    # cannot be resolved again.
-    # A file taken out of a record enters a cache key by the sha256 beside it (tasks/records.py).
-    fp32, evaluate_ran = evaluate_model(
-        weights=trained.weights,
-        weights_sha256=trained.sha256,
-        test=test,
-        info=validated.info,
-        model_cfg=cfg.model,
-        objective=cfg.objective,
-        tokens=validated.tokens,
         tokenizer=validated.tokenizer,
         tokenizer_sha256=validated.tokenizer_sha256,
     )
-    exported, export_ran = export_model(
-        weights=trained.weights,
-        weights_sha256=trained.sha256,
-        test=test,
-        info=validated.info,
-        model_cfg=cfg.model,
-        objective=cfg.objective,
-        export=cfg.export,
-    )
+    # `model` is the trained model's bundle (weights, model config, info, objective, tokenizer),
+    # keyed by content. Text: the tokens' bytes give bits per byte. (Not all of `validated`: its
+    # report changes with the champion, which would re-run evaluation.)
+    fp32, evaluate_ran = evaluate_model(model=model, test=test, tokens=validated.tokens)
+    exported, export_ran = export_model(model=model, test=test, export=cfg.export)
+    # A file taken out of a record enters a cache key by the sha256 beside it (tasks/records.py).
     int8, quantize_ran = quantize_model(
-        weights=trained.weights,
-        weights_sha256=trained.sha256,
+        model=model,
         train=train,
         test=test,
-        info=validated.info,
-        model_cfg=cfg.model,
         cfg=cfg.quantize,
         fp32=fp32.metrics,
-        history=trained.history,
+        history=history,
         onnx_model=exported.onnx,
         onnx_sha256=exported.sha256,
-        objective=cfg.objective,
         tokens=validated.tokens,
-        tokenizer=validated.tokenizer,
-        tokenizer_sha256=validated.tokenizer_sha256,
     )
-    served, served_ran = load_test_model(
-        exported=exported,
-        weights=trained.weights,
-        weights_sha256=trained.sha256,
-        info=validated.info,
-        model_cfg=cfg.model,
-        cfg=cfg.serving,
-        objective=cfg.objective,
-        tokenizer=validated.tokenizer,
-        tokenizer_sha256=validated.tokenizer_sha256,
-    )
+    served, served_ran = load_test_model(exported=exported, model=model, cfg=cfg.serving)
     # The champion is scored on this run's test split for a gate that compares with it, and drift
     # is measured against it (the validation's may have been against another: from the cache).
     judgment, passed = gate_model(
@@ -136,7 +104,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         cfg=cfg,
         validated=validated,
         preflight=preflight,
-        trained=trained,
+        model=model,
+        history=history,
         fp32=fp32,
         int8=int8,
         exported=exported,
