@@ -26,7 +26,7 @@ from flyscale.data.source import DataFingerprint, frame_hash
 from flyscale.data.split import split
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
-from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
+from flyscale.flyte.provenance import UNSTAMPED, CacheReport, TaskRun, execution_key, stamped
 from flyscale.plugin.data_kind import DataKind
 from flyscale.plugin.records import DatasetInfo
 from flyscale.render import validation_report
@@ -48,7 +48,7 @@ class Loaded(NamedTuple):
     raw: Annotated[pd.DataFrame, HashMethod(frame_hash)]
     info: DatasetInfo
     content: DataFingerprint
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # The clean rows are keyed by content downstream: re-validated against a new reference, the same
@@ -56,7 +56,7 @@ class Loaded(NamedTuple):
 class Validated(NamedTuple):
     clean: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
     validated: Annotated[ValidatedData, BY_CONTENT]
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # Every split, table and record below is keyed by content downstream (ContentShards, BY_CONTENT):
@@ -65,12 +65,12 @@ class Splits(NamedTuple):
     train: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
     val: ContentShards
     test: ContentShards
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 class Augmented(NamedTuple):
     train: ContentShards
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 class Keyed(NamedTuple):
@@ -83,7 +83,7 @@ class Streamed(NamedTuple):
     val: ContentShards
     test: ContentShards
     validated: Annotated[ValidatedData, BY_CONTENT]
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
@@ -102,12 +102,12 @@ def fingerprint_data(cfg: DataConfig, model: ModelCheck | None = None) -> Finger
 
 
 @task(cache=code_cache("datasets"), **TASK, requests=SMALL)
+@stamped
 def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
     """Load the configured dataset as it is, before any checks (keyed on the source's fingerprint),
     and the fingerprint of what was loaded (its content), which later stages record."""
-    run = TaskRun.start("load_data")
     raw, info = source.load(cfg)
-    return Loaded(raw=raw, info=info, content=source.content_fingerprint(raw, cfg), run=run.done())
+    return Loaded(raw=raw, info=info, content=source.content_fingerprint(raw, cfg))
 
 
 # Never cached: it reads the champion as it is now (or a reference file), like the gate.
@@ -145,6 +145,7 @@ def rejected_rows_kept(store: MlflowConfig) -> Iterator[None]:
     enable_deck=True,
     deck_fields=DECKS,
 )
+@stamped
 def validate_data(
     raw: pd.DataFrame,
     info: DatasetInfo,
@@ -154,29 +155,28 @@ def validate_data(
     store: MlflowConfig,
 ) -> Validated:
     """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
-    run = TaskRun.start("validate_data")
     with rejected_rows_kept(store):
         clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
     data_profile = profile(clean, pinned)
     files = validation_report.write(report, bad, clean, pinned, data_profile, reference)
     Deck("Data validation", (Path(files) / "validation.html").read_text())
     found = ValidatedData(pinned, content, report, shards.write(bad, "quarantine"), data_profile, FlyteDirectory(files))
-    return Validated(clean, found, run.done())
+    return Validated(clean, found)
 
 
 @task(cache=code_cache(), **TASK, requests=SMALL)
+@stamped
 def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
     """Stratified, seeded train/validation/test split."""
-    run = TaskRun.start("split_data")
     train, val, test = split(clean, cfg)
-    return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"), run=run.done())
+    return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"))
 
 
 @task(cache=code_cache("augmentations"), **TASK, requests=SMALL)
+@stamped
 def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: AugmentConfig) -> Augmented:
     """Add augmented copies of the training rows (validation and test stay untouched)."""
-    run = TaskRun.start("augment_data")
-    return Augmented(train=shards.write(augment(train, info, cfg), "train"), run=run.done())
+    return Augmented(train=shards.write(augment(train, info, cfg), "train"))
 
 
 @task(
@@ -186,12 +186,12 @@ def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: Augment
     enable_deck=True,
     deck_fields=DECKS,
 )
+@stamped
 def prepare_stream(
     cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference, store: MlflowConfig
 ) -> Streamed:
     """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
     three splits as shards as it streams by (keyed on the source's fingerprint)."""
-    run = TaskRun.start("prepare_stream")
     info = source.info(cfg)
     with rejected_rows_kept(store):
         prepared = stream_prep.prepare(source.chunks(cfg), cfg, info, reference, seed=cfg.seed)
@@ -204,7 +204,7 @@ def prepare_stream(
     found = ValidatedData(
         prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
     )
-    return Streamed(prepared.train, prepared.val, prepared.test, found, run.done())
+    return Streamed(prepared.train, prepared.val, prepared.test, found)
 
 
 # Never cached: it computes nothing. Inside a @dynamic the splits are plain values, which enter the

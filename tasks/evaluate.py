@@ -29,7 +29,7 @@ from flyscale.evaluate.quantize import STATIC, quantize, quantize_onnx, works_on
 from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
-from flyscale.flyte.provenance import TaskRun
+from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import save_state
 from flyscale.plugin.records import DatasetInfo, ObjectiveContext
 from flyscale.render import plots
@@ -54,12 +54,12 @@ log = logging.getLogger(__name__)
 
 class Evaluated(NamedTuple):
     model: EvaluatedModel
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 class Quantized(NamedTuple):
     model: Annotated[QuantizedModel, BY_CONTENT]  # keyed by content downstream
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 class Judged(NamedTuple):
@@ -98,16 +98,16 @@ TOKEN_BATCH_SIZES = (1, 8, 32)
 
 
 @task(cache=code_cache("models", "objectives"), **TASK, requests=SMALL)
+@stamped
 def evaluate_model(model: ModelBundle, test: Shards, tokens: TokenStats | None = None) -> Evaluated:
     """The objective's metrics of the trained model on the test split (a classifier's accuracy,
     macro-F1, per-class precision and recall, calibration and confusion matrix; a language
     model's perplexity and bits per byte, and its continuations of fixed prompts), and the
     fingerprint of that split. Text (`tokens`, the bundle's tokenizer): bits per byte, and samples decoded."""
-    run = TaskRun.start("evaluate_model")
     context = objective_context(model.info, tokens, model.tokenizer)
     metrics = evaluate_batches(model.module(), batches(test, model.info), objectives.of(model.objective), context)
     metrics.weights_sha256 = model.weights_sha256
-    return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())), run.done())
+    return Evaluated(EvaluatedModel(metrics, shards.content_sha256(test.dir.download())))
 
 
 @task(
@@ -117,6 +117,7 @@ def evaluate_model(model: ModelBundle, test: Shards, tokens: TokenStats | None =
     enable_deck=True,
     deck_fields=DECKS,
 )
+@stamped
 def quantize_model(
     model: ModelBundle,
     train: Shards,
@@ -134,7 +135,6 @@ def quantize_model(
     measured through ONNX Runtime, as they will be served; a torch.ao one, the torch module.
     Then draws the run's figures, once: for the Deck, and for the register task to log
     (`history` gives the learning curves)."""
-    run = TaskRun.start("quantize_model")
     info = model.info
     goal = objectives.of(model.objective)
     exported = Path(onnx_model.download())
@@ -211,7 +211,7 @@ def quantize_model(
     figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
     quantized = QuantizedModel(FlyteFile(out), metrics, comparison, FlyteDirectory(figures), fmt, cfg.name)
-    return Quantized(quantized, run.done())
+    return Quantized(quantized)
 
 
 # Never cached: a verdict is only as good as the champion it was judged against, so every run

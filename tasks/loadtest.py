@@ -14,14 +14,14 @@ from flytekit.types.directory import FlyteDirectory
 from flyscale.config import ServingConfig
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
-from flyscale.flyte.provenance import TaskRun
+from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from tasks.common import SMALL, TASK
 from tasks.records import ExportedModel, ModelBundle, ServedLevel, ServedModel
 
 
 class Served(NamedTuple):
     model: Annotated[ServedModel, BY_CONTENT]  # keyed by content downstream
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 @task(
@@ -29,14 +29,14 @@ class Served(NamedTuple):
     **TASK,
     requests=SMALL,
 )
+@stamped
 def load_test_model(exported: ExportedModel, model: ModelBundle, cfg: ServingConfig) -> Served:
     """With serving.loadtest: the fp32 model saved as registration would log it, served by
     `cfg.setup` on loopback, each level of closed-loop clients measured (flyscale/serving). Off:
     nothing measured."""
-    run = TaskRun.start("load_test_model")
     plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
     if not cfg.loadtest:
-        return Served(ServedModel("", [], FlyteDirectory(str(plots))), run.done())
+        return Served(ServedModel("", [], FlyteDirectory(str(plots))))
     from flyscale.serving import compare_servers
     from flyscale.serving.repository import Batching
     from flyscale.tracking import model_log
@@ -61,4 +61,4 @@ def load_test_model(exported: ExportedModel, model: ModelBundle, cfg: ServingCon
     levels = [
         ServedLevel(lv.concurrency, lv.requests, lv.errors, lv.p50_ms, lv.p99_ms, lv.throughput) for lv in report.levels
     ]
-    return Served(ServedModel(cfg.setup, levels, FlyteDirectory(str(plots))), run.done())
+    return Served(ServedModel(cfg.setup, levels, FlyteDirectory(str(plots))))

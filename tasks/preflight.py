@@ -37,7 +37,7 @@ from flyscale.data.fields import real_target
 from flyscale.data.shards import Shards
 from flyscale.data.tokenize import planned_info
 from flyscale.flyte.caching import code_cache
-from flyscale.flyte.provenance import TaskRun
+from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import build_model
 from flyscale.plugin.records import DatasetInfo
 from flyscale.tracking import kind, start
@@ -126,7 +126,7 @@ def _start_weights(model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo) 
 
 class Checked(NamedTuple):
     report: PreflightReport
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 @dataclasses.dataclass
@@ -168,6 +168,7 @@ def _launcher():
     **task_options(**launcher_environment()),  # the pod builds the launcher that was registered
     **training_resources(),  # per worker process, times the processes per node
 )
+@stamped
 def preflight_check(
     train: Shards,
     val: Shards,
@@ -179,7 +180,6 @@ def preflight_check(
 ) -> Checked:
     """Fail fast, with the numbers, if N workers do not compute what one process computes; with
     FLYSCALE_NPROC_PER_NODE=auto, say whether one process or the N workers train faster."""
-    run = TaskRun.start("preflight_check")
     with distributed.process_group() as ctx:
         train_fn, options = strategy(cfg)
         report = preflight.run_preflight(
@@ -193,4 +193,4 @@ def preflight_check(
             choose=choosing_workers(cfg),
         )
         # The report is rank 0's (the other ranks get None).
-        return distributed.rank_zero_outputs(ctx, Checked(report, run.done()) if report is not None else None)
+        return distributed.rank_zero_outputs(ctx, Checked(report) if report is not None else None)

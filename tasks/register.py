@@ -15,7 +15,7 @@ from flytekit.types.error import FlyteError
 from flyscale.config import PipelineConfig, effective, flatten
 from flyscale.evaluate.gating import Judgment
 from flyscale.flyte.caching import LIBRARIES, code_cache
-from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
+from flyscale.flyte.provenance import UNSTAMPED, CacheReport, TaskRun, execution_key, stamped
 from flyscale.render.summary import RunSummary
 from flyscale.tracking.candidate import ALWAYS_RUN, Candidate, register
 from flyscale.tracking.live import close_failed_runs
@@ -28,7 +28,7 @@ from tasks.records import EvaluatedModel, ExportedModel, ModelBundle, QuantizedM
 
 class Registered(NamedTuple):
     summary: RunSummary
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # The MLflow store is part of the version: the same inputs sent to another store register again.
@@ -61,7 +61,6 @@ def _publisher(name: str, publish: bool, doc: str):
         data_runs: list[TaskRun],
         started: TaskRun,
     ) -> Registered:
-        run = TaskRun.start(name)
         candidate = Candidate(
             cfg=cfg,
             info=validated.info,
@@ -95,11 +94,11 @@ def _publisher(name: str, publish: bool, doc: str):
             tokens=validated.tokens,
             tokenizer_json=model.tokenizer_json(),
         )
-        return Registered(summary=RunSummary.of(candidate, register(candidate, publish)), run=run.done())
+        return Registered(summary=RunSummary.of(candidate, register(candidate, publish)))
 
     body.__name__ = body.__qualname__ = name  # the task's name: tasks.register.register_model
     body.__doc__ = doc
-    return task(cache=REGISTER_CACHE, **TRACKED, requests=SMALL)(body)
+    return task(cache=REGISTER_CACHE, **TRACKED, requests=SMALL)(stamped(body))
 
 
 register_model = _publisher(

@@ -26,7 +26,7 @@ from flyscale.data.shards import Shards
 from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import code_cache, code_version
 from flyscale.flyte.content import BY_CONTENT, file_sha256
-from flyscale.flyte.provenance import TaskRun
+from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import build_model, save_state
 from flyscale.plugin.records import DatasetInfo
 from flyscale.render.decks import learning_curves_html
@@ -101,7 +101,7 @@ class TrainedWeights(NamedTuple):
 class Trained(NamedTuple):
     model: Annotated[ModelBundle, BY_CONTENT]  # keyed by content downstream: the weights' bytes, not their place
     history: TrainHistory
-    run: TaskRun
+    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # The launcher decides the global batch, so the same inputs on other workers are another model.
@@ -228,6 +228,7 @@ def train_job(
     enable_deck=True,  # rank 0's "Learning curves" Deck; flytekit's Elastic task ships it to the parent
     deck_fields=DECKS,
 )
+@stamped
 def train_model(
     train: Shards,
     val: Shards,
@@ -253,7 +254,6 @@ def train_model(
     each epoch to the execution's MLflow run as it ends. Checkpoints as `recovery` says, and
     resumes from the newest one of this training (after a worker restart, a Flyte retry, or
     the same command again after a Ctrl-C)."""
-    run = TaskRun.start("train_model")
     keyed(tokenizer, tokenizer_sha256, "the tokenizer")
     trained = train_job(
         train,
@@ -276,4 +276,4 @@ def train_model(
     bundle = ModelBundle(
         FlyteFile(trained.path), file_sha256(trained.path), info, model_cfg, objective, tokenizer=tokenizer
     )
-    return Trained(bundle, trained.history, run.done())
+    return Trained(bundle, trained.history)

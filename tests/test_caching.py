@@ -170,3 +170,29 @@ def test_an_unchanged_import_gives_the_same_versions(scenarios):
 @pytest.mark.slow
 def test_each_fact_changes_the_versions_of_the_tasks_it_affects(scenarios, scenario, expected):
     assert _changed(scenarios["baseline"], scenarios[scenario]) == expected
+
+
+def test_a_stage_is_stamped_when_its_body_ran_and_keeps_its_interface():
+    """@stamped fills in a stage's `run` output (what the summary's cache line reads), and the
+    task keeps the body's name and inputs; a training worker's None passes through."""
+    import inspect
+    import time
+    from typing import NamedTuple
+
+    from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
+
+    class Out(NamedTuple):
+        value: int
+        run: TaskRun = UNSTAMPED
+
+    @stamped
+    def double(x: int, rank_zero: bool = True) -> Out | None:
+        time.sleep(0.01)
+        return Out(2 * x) if rank_zero else None
+
+    before = time.time()
+    out = double(3)
+    assert out.value == 6 and out.run.task == "double"
+    assert before <= out.run.started_at <= time.time() and out.run.seconds >= 0.01
+    assert double(3, rank_zero=False) is None
+    assert double.__name__ == "double" and list(inspect.signature(double).parameters) == ["x", "rank_zero"]

@@ -1,6 +1,7 @@
 """What a run's results rest on: when each task's body ran, and so which came from the cache.
 
-Every cached task returns a `TaskRun` stamped when its body ran. A cache hit hands back the
+Every cached task returns a `TaskRun` stamped when its body ran: its outputs end in `run`, which
+`@stamped`, under its `@task`, fills in. A cache hit hands back the
 outputs of the run that computed them, stamp included, so a stamp from before this execution
 started means "served from the cache". The start is the stamp of the first task, which is never
 cached. (Flyte's local executor names every execution "local", so execution ids cannot tell
@@ -10,10 +11,13 @@ other computed moments earlier as computed here.)
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 
 @dataclass
@@ -36,6 +40,27 @@ class TaskRun:
     def cached(self, execution_started: float) -> bool:
         """True when this stamp is older than the execution that now holds it."""
         return self.started_at < execution_started
+
+
+# A stage's `run` output before `stamped` fills it in: a stage's outputs end `run: TaskRun = UNSTAMPED`.
+UNSTAMPED = TaskRun(task="", started_at=0.0)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def stamped(body: F) -> F:
+    """A task's body whose outputs (a NamedTuple) end in `run`: the stamp of when the body ran is
+    put there, so that no stage starts and finishes one by hand. Put it under `@task`; the task
+    keeps the body's name, signature and module. None (a training worker's outputs, which are not
+    the task's) passes through."""
+
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        started = TaskRun.start(body.__name__)
+        out = body(*args, **kwargs)
+        return out if out is None else out._replace(run=started.done())
+
+    return run  # type: ignore[return-value]
 
 
 def execution_id() -> str:
