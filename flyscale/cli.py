@@ -141,7 +141,7 @@ def _served_version(args: argparse.Namespace):
     from mlflow import MlflowClient
 
     from flyscale.serving import compare_servers
-    from flyscale.tracking.store import missing_local_store, tracking_uri
+    from flyscale.tracking.store import missing_local_store, quiet_artifacts, tracking_uri
 
     uri = tracking_uri()
     missing = missing_local_store(uri)
@@ -149,7 +149,8 @@ def _served_version(args: argparse.Namespace):
         raise ValueError(missing)
     version = str(args.version or MlflowClient(uri).get_model_version_by_alias(args.model, args.alias).version)
     folder = Path(tempfile.mkdtemp(prefix=f"flyscale-{args.command}-"))
-    return compare_servers.target(f"models:/{args.model}/{version}", args.model, version, folder)
+    with quiet_artifacts():  # a progress bar per file would bury the command's one line
+        return compare_servers.target(f"models:/{args.model}/{version}", args.model, version, folder)
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -203,6 +204,44 @@ def cmd_repository(args: argparse.Namespace) -> int:
         print(f"flyscale repository: {exc}", file=sys.stderr)
         return 2
     print(f"Triton repository for {t.name} v{t.version} in {out}: tritonserver --model-repository {out.resolve()}")
+    return 0
+
+
+def cmd_huggingface(args: argparse.Namespace) -> int:
+    """Write a registered version in Hugging Face's format, which transformers loads."""
+    import json
+    from pathlib import Path
+
+    from mlflow.exceptions import MlflowException
+
+    from flyscale.config import ModelConfig
+    from flyscale.export.huggingface import save_pretrained
+    from flyscale.plugin.records import as_dataset_info
+    from flyscale.tracking.model_spec import artifact_files, build
+
+    out = Path(args.out)
+    try:
+        t = _served_version(args)
+        files = artifact_files(t.model_dir)
+        if "spec" not in files or "weights" not in files:
+            raise ValueError(
+                f"{t.name} v{t.version} carries no flyscale weights and spec: it was not registered by flyscale"
+            )
+        spec = json.loads(files["spec"].read_text())
+        if spec.get("quantizer"):
+            raise ValueError(
+                f"{t.name} v{t.version} is an int8 model; export its fp32 twin (--model {t.name.removesuffix('-int8')})"
+            )
+        info = as_dataset_info(spec["info"], f"{t.name} v{t.version}'s spec")
+        tokenizer = files["tokenizer"].read_text() if "tokenizer" in files else ""
+        model = build(spec, str(files["weights"]))
+        save_pretrained(ModelConfig(**spec["model"]), info, model, tokenizer, out)
+    except (MlflowException, ValueError, OSError) as exc:
+        print(f"flyscale huggingface: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{t.name} v{t.version} in Hugging Face's format in {out}: transformers' from_pretrained({str(out)!r}) loads it"
+    )
     return 0
 
 
@@ -270,6 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     repo.add_argument("--server", choices=["triton", "mlserver"], required=True)
     repo.add_argument("--out", required=True, help="the repository folder to write")
     repo.set_defaults(func=cmd_repository)
+    hf = sub.add_parser(
+        "huggingface",
+        help="write a registered version in Hugging Face's format (config.json, model.safetensors, tokenizer)",
+    )
+    hf.add_argument("--model", required=True, help="registered model name")
+    hf.add_argument("--version", default="", help="the version (default: the one --alias points at)")
+    hf.add_argument("--alias", default="champion", help="the alias to use when no --version is given")
+    hf.add_argument("--out", required=True, help="the folder to write")
+    hf.set_defaults(func=cmd_huggingface)
     return parser
 
 

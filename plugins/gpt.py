@@ -226,6 +226,65 @@ class GPT:
         head = Head(width, vocab, options.bias, embedding.tok if options.tie_embeddings else None)
         return nn.Sequential(embedding, *blocks, head)
 
+    def huggingface(self, options: GPTOptions, info: DatasetInfo, model: nn.Sequential) -> tuple[dict, dict]:
+        """This GPT as Hugging Face's GPT-2 (`GPT2LMHeadModel`): the same computation under its
+        names. GPT-2 fuses q, k and v into one projection and stores each projection transposed
+        (its Conv1D); its LayerNorms and projections always have biases (zeros where ours have
+        none); its GELU is the exact one when the config says "gelu"."""
+        vocab, _ = vocabulary(info)
+        layers = list(model)
+        embedding, head = layers[0], layers[-1]
+        blocks = [b for b in layers[1:-1] if isinstance(b, Block)]
+        if not (isinstance(embedding, Embedding) and isinstance(head, Head) and len(blocks) == len(layers) - 2):
+            raise TypeError("huggingface() takes a model built by 'gpt': an Embedding, Blocks and a Head")
+        width = embedding.tok.shape[1]
+        state: dict[str, torch.Tensor] = {
+            "transformer.wte.weight": embedding.tok,
+            "transformer.wpe.weight": embedding.pos,
+        }
+
+        def put(name: str, module: nn.Linear | nn.LayerNorm, transpose: bool = False) -> None:
+            w = module.weight.t() if transpose else module.weight
+            state[f"{name}.weight"] = w
+            state[f"{name}.bias"] = module.bias if module.bias is not None else torch.zeros(w.shape[-1])
+
+        for i, block in enumerate(blocks):
+            at = f"transformer.h.{i}"
+            put(f"{at}.ln_1", block.ln_1)
+            put(f"{at}.ln_2", block.ln_2)
+            attn = block.attn
+            qkv = [attn.q, attn.k, attn.v]
+            state[f"{at}.attn.c_attn.weight"] = torch.cat([f.weight for f in qkv]).t()
+            state[f"{at}.attn.c_attn.bias"] = (
+                torch.cat([f.bias for f in qkv]) if attn.q.bias is not None else torch.zeros(3 * width)
+            )
+            put(f"{at}.attn.c_proj", attn.c_proj, transpose=True)
+            fc, proj = block.mlp[0], block.mlp[2]
+            assert isinstance(fc, nn.Linear) and isinstance(proj, nn.Linear)  # Block's MLP, as built above
+            put(f"{at}.mlp.c_fc", fc, transpose=True)
+            put(f"{at}.mlp.c_proj", proj, transpose=True)
+        put("transformer.ln_f", head.ln_f)
+        tied = isinstance(head.lm_head, TiedLinear)
+        if isinstance(head.lm_head, nn.Linear):
+            state["lm_head.weight"] = head.lm_head.weight
+        config = {
+            "architectures": ["GPT2LMHeadModel"],
+            "model_type": "gpt2",
+            "vocab_size": vocab,
+            "n_positions": len(embedding.pos),
+            "n_embd": width,
+            "n_layer": len(blocks),
+            "n_head": options.heads,
+            "n_inner": 4 * width,
+            "activation_function": "gelu",  # nn.GELU(): the exact one, not GPT-2's tanh approximation
+            "layer_norm_epsilon": blocks[0].ln_1.eps if blocks else 1e-5,
+            "resid_pdrop": options.dropout,
+            "embd_pdrop": options.dropout,
+            "attn_pdrop": options.dropout,
+            "tie_word_embeddings": tied,
+        }
+        return config, state
+
 
 def generate(
     model: nn.Sequential,

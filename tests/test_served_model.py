@@ -417,3 +417,31 @@ def test_a_pytorch_model_registered_before_model_io_had_its_name_still_finds_pre
     from flyscale.tracking import model_io, serving
 
     assert serving.predict is model_io.predict
+
+
+@pytest.mark.parametrize("case", ["classifier", "language model"])
+def test_the_registered_model_carries_its_weights_as_safetensors(case, tmp_path):
+    """Beside its ONNX file, every registered model holds its weights as safetensors, which load
+    into the model its spec builds and answer as the trained weights do (the GPT's tied embedding
+    and head included)."""
+    from safetensors.torch import load_file
+
+    target, files = _saved(case, tmp_path)
+    found = sorted((target / "artifacts").glob("*.safetensors"))
+    assert [p.name for p in found] == ["model_model.safetensors"]
+    spec = json.loads(files.spec_json)
+    trained = build(spec, files.weights_path)
+    loaded = build(spec, files.weights_path)
+    for p in loaded.parameters():
+        torch.nn.init.zeros_(p)
+    loaded.load_state_dict(load_file(str(found[0])), strict=True)
+    x = torch.randint(0, 257, (2, 17)) if case == "language model" else torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), trained(x))
+
+
+def test_int8_packed_weights_are_not_forced_into_safetensors(tmp_path):
+    """torch.ao's int8 model keeps packed parameters, which safetensors cannot hold: none is written."""
+    model = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(4, 4)), {torch.nn.Linear})
+    assert not model_log.as_safetensors(save_state(model, "q.pt"), tmp_path / "q.safetensors")
+    assert not (tmp_path / "q.safetensors").exists()

@@ -33,6 +33,8 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         # The older form: the strategy trains by itself (see StrategyPlugin).
         "__call__": ["model", "data", "cfg", "ctx", "options", "hooks"],
     },
+    # What the model is in Hugging Face's format: (its config.json as a dict, its state_dict there).
+    "models": {"huggingface": ["options", "info", "model"]},
     "gates": {"reads": ["options"]},
     "objectives": {
         "pair": ["x", "y"],

@@ -75,6 +75,8 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     spec_file = Path(tmp) / f"{name}_spec.json"
     spec_file.write_text(files.spec_json)
     artifacts = {"weights": files.weights_path, "spec": str(spec_file)}
+    if as_safetensors(files.weights_path, Path(tmp) / f"{name}_model.safetensors"):
+        artifacts["weights_safetensors"] = str(Path(tmp) / f"{name}_model.safetensors")
     if files.tokenizer_json:
         tokenizer_file = Path(tmp) / f"{name}_tokenizer.json"
         tokenizer_file.write_text(files.tokenizer_json)
@@ -127,6 +129,23 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         "pip_requirements": requirements,
         "metadata": metadata,
     }
+
+
+def as_safetensors(weights_path: str, out: Path) -> bool:
+    """The state_dict at `weights_path` written to `out` as safetensors, the format the Hugging Face
+    ecosystem loads (every key, as `load_state_dict` wants it: a tied weight is stored under each of
+    its names). False, with the reason logged, for a state_dict safetensors cannot hold: a torch.ao
+    int8 model's packed parameters."""
+    from safetensors.torch import save_file
+
+    state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    odd = [k for k, v in state.items() if not isinstance(v, torch.Tensor) or v.is_quantized]
+    if odd:
+        log.info("weights not written as safetensors: %s holds packed or quantized values (%s)", weights_path, odd[0])
+        return False
+    # safetensors stores each tensor once and refuses two names on one storage: each name its copy.
+    save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(out), metadata={"format": "pt"})
+    return True
 
 
 def _served_inputs(output: str):

@@ -1,0 +1,102 @@
+"""A flyscale model in Hugging Face's format, for the rest of a team's tools: a folder with
+config.json and model.safetensors (and, for a language model, its tokenizer as tokenizer.json
+with tokenizer_config.json) that `transformers`' Auto classes load offline.
+
+What the model is there is its plugin's to say: a model plugin with `huggingface(options, info,
+model)` returns the config (a dict) and the model's weights under Hugging Face's names (the GPT
+says it is a GPT-2). flyscale writes the files; it needs no `transformers` to do so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from flyscale.config import ModelConfig
+from flyscale.plugin.records import DatasetInfo
+
+EOT = "<|endoftext|>"
+
+
+class NotExportable(ValueError):
+    """The model's plugin does not say what its model is in Hugging Face's format."""
+
+
+def save_pretrained(
+    model_cfg: ModelConfig, info: DatasetInfo, model: nn.Module, tokenizer_json: str, out: Path
+) -> Path:
+    """Write `model` (built from `model_cfg` for `info`, weights loaded) to the folder `out` as
+    Hugging Face's `save_pretrained` would; returns `out`."""
+    from safetensors.torch import save_file
+
+    r = model_cfg.plugin
+    own = r.method("huggingface")
+    if own is None:
+        raise NotExportable(
+            f"model {model_cfg.name!r} does not say what it is in Hugging Face's format (its plugin has no "
+            "huggingface(options, info, model)); its weights are in the registered model as safetensors"
+        )
+    config, state = own(r.options, info, model)
+    if tokenizer_json:  # where a document ends, as the tokenizer that made the model's ids says
+        from flyscale.data.text import from_json
+
+        config["bos_token_id"] = config["eos_token_id"] = from_json(tokenizer_json).eot
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # One tensor per name: safetensors refuses two names on one storage (a tied weight is one name there).
+    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in state.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer_json:
+        tokenizer_files(tokenizer_json, out)
+    return out
+
+
+def tokenizer_files(tokenizer_json: str, out: Path) -> None:
+    """tokenizer.json (the `tokenizers` library's) and tokenizer_config.json for a flyscale
+    tokenizer's JSON: a BPE's is already the library's; the byte-level one becomes a byte-level
+    BPE without merges whose ids are the bytes' values, <|endoftext|> after them."""
+    data = json.loads(tokenizer_json)
+    if data.get("flyscale_tokenizer") == "byte":
+        tokenizer_json = _byte_tokenizer(int(data["eot"]))
+    (out / "tokenizer.json").write_text(tokenizer_json)
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": EOT,
+                "eos_token": EOT,
+                "unk_token": EOT,
+                "model_max_length": int(json.loads((out / "config.json").read_text()).get("n_positions", 1024)),
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def _byte_tokenizer(eot: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = _bytes_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)}
+    vocab[EOT] = eot
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOT])
+    return tok.to_str()
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map of each byte to a printable character, which byte-level tokenizers spell bytes with."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = list(printable), 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {b: chr(c) for b, c in zip(printable, chars)}
