@@ -1,0 +1,55 @@
+"""`flyscale checkpoints`: the run folders checkpoints left behind, and old ones pruned; `flyscale
+convert`: a checkpoint's model to Hugging Face safetensors and back (flyscale/train/checkpoint_convert.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    """List the run directories under the checkpoint base; with --prune-days, delete the old ones."""
+    import time
+
+    from flyscale.train.run_dirs import base_directory, prune, run_directories
+
+    base = args.dir or ""
+    print(f"checkpoints under {base_directory(base)}")
+    if args.prune_days is not None:
+        gone = prune(base, args.prune_days * 86400)
+        print(f"deleted {len(gone)} run folder(s) not written for {args.prune_days:g} day(s)")
+        for path in gone:
+            print(f"  {path}")
+    runs = run_directories(base)
+    for run in runs:
+        age_h = (time.time() - run.modified) / 3600
+        steps = f"steps {run.steps[0]}..{run.steps[-1]}" if run.steps else "no complete checkpoint"
+        held = "  (in use: a run is training in it)" if run.held else ""
+        print(f"  {run.path}  {steps}  {run.bytes / 2**20:.1f} MiB  last written {age_h:.1f} h ago{held}")
+    if not runs:
+        print("  none")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """A checkpoint's model as Hugging Face safetensors (--to safetensors), or safetensors as a DCP
+    directory a run can load (--to dcp)."""
+    import sys
+    from pathlib import Path
+
+    from flyscale.train import checkpoint_convert
+    from flyscale.train.checkpoint_files import CheckpointError
+
+    source, out = Path(args.source), Path(args.out)
+    try:
+        if args.to == "safetensors":
+            files = checkpoint_convert.to_safetensors(source, out)
+            print(f"the model of {source} as safetensors in {out}: {', '.join(f.name for f in files)}")
+        else:
+            checkpoint_convert.from_safetensors(source, out)
+            print(
+                f"the safetensors of {source} as a DCP directory at {out} (the model under '{checkpoint_convert.MODEL}')"
+            )
+    except (CheckpointError, OSError, ValueError) as exc:
+        print(f"flyscale convert: {exc}", file=sys.stderr)
+        return 2
+    return 0
