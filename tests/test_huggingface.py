@@ -20,8 +20,6 @@ from flyscale.model import build_model
 
 pytestmark = pytest.mark.timeout(300)
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here is downloaded: every folder is local
-
 
 def _tokens(vocab: int, length: int = 17) -> DatasetInfo:
     field = FieldSpec("tokens", "int32", [length], range=[0, vocab - 1])
