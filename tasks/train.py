@@ -111,7 +111,8 @@ class Trained(NamedTuple):
 # A search's trial enters by its key (`trial_key`: its study and number when it may be pruned),
 # not by the storage it reports to, which is new in every execution.
 # The preflight enters by what training takes from it, the workers auto chose (`workers`), not by
-# the throughputs it measured.
+# the throughputs it measured. The tokenizer (text: handed on in the model's bundle) enters by its
+# sha256 (`tokenizer_sha256`).
 IGNORED = ("fingerprint", "started", "mlflow_cfg", "recovery", "start", "trial", "preflight", "tokenizer")
 
 
