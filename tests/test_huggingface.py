@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_a_model_whose_plugin_does_not_say_what_it_is_there_is_refused_by_name(t
 
 
 @pytest.mark.slow
-def test_flyscale_huggingface_writes_the_registered_champion(tmp_path):
+def test_flyscale_huggingface_writes_the_registered_champion(tmp_path, mlflow_server, monkeypatch):
     """`flyscale huggingface --model NAME --out DIR`, as a user runs it against a registry; an int8
     twin and a model with no Hugging Face form are refused in one line each."""
     import mlflow
@@ -99,8 +100,11 @@ def test_flyscale_huggingface_writes_the_registered_champion(tmp_path):
     from flyscale.tracking import model_log
     from flyscale.tracking.model_spec import spec_json
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_server
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("huggingface-tests")
+    gpt_name, mlp_name = (f"tiny-{kind}-{uuid.uuid4().hex[:6]}" for kind in ("gpt", "mlp"))
     info = _tokens(257)
     cfg, model = _gpt({"layers": 1, "heads": 2, "width": 16}, info)
     client = MlflowClient(uri)
@@ -108,8 +112,8 @@ def test_flyscale_huggingface_writes_the_registered_champion(tmp_path):
     mlp_cfg = ModelConfig(options={"hidden": [8]})
     language = ObjectiveConfig(name="language_modeling", options={"max_new_tokens": 4, "temperature": 0.0})
     registered = {
-        "tiny-gpt": (model, spec_json(cfg, info, None, language), ByteTokenizer().to_json()),
-        "tiny-mlp": (build_model(mlp_cfg, mlp_info), spec_json(mlp_cfg, mlp_info, None), ""),
+        gpt_name: (model, spec_json(cfg, info, None, language), ByteTokenizer().to_json()),
+        mlp_name: (build_model(mlp_cfg, mlp_info), spec_json(mlp_cfg, mlp_info, None), ""),
     }
     for name, (m, spec, tokenizer) in registered.items():
         with mlflow.start_run():
@@ -124,15 +128,15 @@ def test_flyscale_huggingface_writes_the_registered_champion(tmp_path):
         cmd = [str(Path(sys.executable).parent / "flyscale"), "huggingface", *args]
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
 
-    done = run("--model", "tiny-gpt", "--out", str(tmp_path / "hf"))
+    done = run("--model", gpt_name, "--out", str(tmp_path / "hf"))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "tiny-gpt v1 in Hugging Face's format" in done.stdout
+    assert f"{gpt_name} v1 in Hugging Face's format" in done.stdout
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     x = torch.randint(0, 257, (2, 17))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), rtol=0, atol=1e-5)
-    refused = run("--model", "tiny-mlp", "--out", str(tmp_path / "mlp"))
+    refused = run("--model", mlp_name, "--out", str(tmp_path / "mlp"))
     assert refused.returncode == 2 and "model 'mlp' does not say what it is" in refused.stderr, refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
