@@ -10,8 +10,10 @@ says it is a GPT-2). flyscale writes the files; it needs no `transformers` to do
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from flyscale.config import ModelConfig
@@ -29,8 +31,6 @@ def save_pretrained(
 ) -> Path:
     """Write `model` (built from `model_cfg` for `info`, weights loaded) to the folder `out` as
     Hugging Face's `save_pretrained` would; returns `out`."""
-    from safetensors.torch import save_file
-
     r = model_cfg.plugin
     own = r.method("huggingface")
     if own is None:
@@ -45,15 +45,23 @@ def save_pretrained(
         config["bos_token_id"] = config["eos_token_id"] = from_json(tokenizer_json).eot
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    # One tensor per name: safetensors refuses two names on one storage (a tied weight is one name there).
-    tensors = {k: v.detach().to("cpu").clone().contiguous() for k, v in state.items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(state, out / "model.safetensors")
     if tokenizer_json:
-        tokenizer_files(tokenizer_json, out)
+        tokenizer_files(tokenizer_json, out, int(config.get("n_positions", 1024)))
     return out
 
 
-def tokenizer_files(tokenizer_json: str, out: Path) -> None:
+def save_tensors(state: Mapping[str, torch.Tensor], path: Path) -> None:
+    """`state` as one safetensors file, each name its own copy: safetensors refuses two names on one
+    storage, and a tied weight is stored under each of the names it has in `state`."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {k: v.detach().to("cpu").clone().contiguous() for k, v in state.items()}, str(path), metadata={"format": "pt"}
+    )
+
+
+def tokenizer_files(tokenizer_json: str, out: Path, max_length: int) -> None:
     """tokenizer.json (the `tokenizers` library's) and tokenizer_config.json for a flyscale
     tokenizer's JSON: a BPE's is already the library's; the byte-level one becomes a byte-level
     BPE without merges whose ids are the bytes' values, <|endoftext|> after them."""
@@ -68,7 +76,7 @@ def tokenizer_files(tokenizer_json: str, out: Path) -> None:
                 "bos_token": EOT,
                 "eos_token": EOT,
                 "unk_token": EOT,
-                "model_max_length": int(json.loads((out / "config.json").read_text()).get("n_positions", 1024)),
+                "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False,
             },
             indent=2,

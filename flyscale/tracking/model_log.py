@@ -136,15 +136,14 @@ def as_safetensors(weights_path: str, out: Path) -> bool:
     ecosystem loads (every key, as `load_state_dict` wants it: a tied weight is stored under each of
     its names). False, with the reason logged, for a state_dict safetensors cannot hold: a torch.ao
     int8 model's packed parameters."""
-    from safetensors.torch import save_file
+    from flyscale.export.huggingface import save_tensors
 
     state = torch.load(weights_path, map_location="cpu", weights_only=True)
     odd = [k for k, v in state.items() if not isinstance(v, torch.Tensor) or v.is_quantized]
     if odd:
         log.info("weights not written as safetensors: %s holds packed or quantized values (%s)", weights_path, odd[0])
         return False
-    # safetensors stores each tensor once and refuses two names on one storage: each name its copy.
-    save_file({k: v.detach().clone().contiguous() for k, v in state.items()}, str(out), metadata={"format": "pt"})
+    save_tensors(state, out)
     return True
 
 
