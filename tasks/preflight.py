@@ -35,7 +35,7 @@ from flyscale.config.publishing import default_model_name
 from flyscale.data import source
 from flyscale.data.fields import real_target
 from flyscale.data.shards import Shards
-from flyscale.data.tokenize import planned_info
+from flyscale.data.tokenize import check_tokenizer, planned_info
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import build_model
@@ -69,7 +69,9 @@ def check_model(
     refuse data without a label for an objective that needs one; and (`mlflow_cfg`, where the
     run registers) a model of another kind than the one registered under its name."""
     # Documents reach the model as the token sequences the tokenize step will make of them.
-    info = planned_info(source.info(data_cfg), tokenize)
+    declared = source.info(data_cfg)
+    check_tokenizer(declared, tokenize, model_cfg)
+    info = planned_info(declared, tokenize)
     if not info.label_column and objective.plugin.attribute("labelled"):
         fields = ", ".join(str(f) for f in info.fields)
         raise ValueError(
@@ -115,12 +117,14 @@ def check_model(
 
 
 def _start_weights(model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo) -> StartWeights:
-    """The weights model.init_from names, fetched now (an alias may have moved since the last run)
-    and held to the model this run builds."""
-    if not model_cfg.init_from:
+    """The weights model.init_from names (fetched now: an alias may have moved since the last
+    run), or else those of the pretrained checkpoint the model plugin starts from, held to the
+    model this run builds."""
+    fetched = start.starting_weights(
+        model_cfg, model, info, Path(tempfile.mkdtemp(prefix="flyscale-start-")), tracking_uri
+    )
+    if fetched is None:
         return StartWeights()
-    fetched = start.fetch(model_cfg.init_from, Path(tempfile.mkdtemp(prefix="flyscale-start-")), tracking_uri())
-    start.check(fetched, model, model_cfg, info)
     return StartWeights(FlyteFile(fetched.weights_path), fetched.sha256, fetched.source)
 
 

@@ -68,7 +68,7 @@ def test_presets_exist():
         (lambda: TrainConfig(lr=-1.0), "train.lr must be > 0"),
         (lambda: TrainConfig(strategy="zero3"), "train.strategy: unknown strateg"),
         (lambda: TrainConfig(options={"bucket_cap_mb": -1}), "train.options: bucket_cap_mb must be > 0"),
-        (lambda: ModelConfig(name="vit"), "available: cnn, gpt, mlp, resnet"),
+        (lambda: ModelConfig(name="vit"), "available: cnn, gpt, huggingface, mlp, resnet"),
         (lambda: ModelConfig(options={"hiden": [8]}), "model.options.hiden: unknown option"),
         (lambda: DataConfig(dataset="imagenet"), "data.dataset: unknown dataset 'imagenet'"),
         (lambda: DataConfig(test_fraction=0.9), "data.test_fraction must be in"),

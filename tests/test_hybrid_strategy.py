@@ -179,7 +179,10 @@ def test_options_name_what_is_wrong_with_a_mesh():
 
 def test_a_model_that_cannot_take_the_plan_is_refused_naming_the_layer():
     options = HybridOptions(mesh={"dp": 1, "tp": 2}, tp_plan={"0": "colwise", "1": "rowwise"})
-    with pytest.raises(ValueError, match=r"tp_plan names '1', a ReLU: only nn.Linear layers split"):
+    with pytest.raises(
+        ValueError,
+        match=r"tp_plan of Sequential names '1', a ReLU, rowwise: flyscale's tensor parallelism splits only nn.Linear",
+    ):
         hybrid.check(_mlp(), CFG, options, 2)
     with pytest.raises(ValueError, match=r"no module of this Sequential declares a tp_plan"):
         hybrid.check(_mlp(), CFG, HybridOptions(mesh={"dp": 1, "tp": 2}), 2)

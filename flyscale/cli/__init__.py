@@ -4,6 +4,7 @@
     flyscale plugins --kind models    # one kind only
     flyscale checkpoints              # the run folders checkpoints left behind (checkpoint_commands.py)
     flyscale convert STEP_DIR --to safetensors --out DIR   # a checkpoint's model for Hugging Face
+    flyscale tiny-checkpoint llama --out models/tiny-llama  # a small random checkpoint to fine-tune
     flyscale rollback --model NAME --to VERSION --reason "..."   # move `champion` back (registry_commands.py)
     flyscale promote --model NAME --version VERSION --reason "..." # a challenger becomes champion
     flyscale loadtest | repository | huggingface --model NAME ...  # a registered version, served or written out
@@ -17,7 +18,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flyscale.cli.checkpoint_commands import cmd_checkpoints, cmd_convert
+from flyscale.cli.checkpoint_commands import cmd_checkpoints, cmd_convert, cmd_tiny_checkpoint
 from flyscale.cli.plugin_list import _summary, cmd_plugins, collect, render_plain, render_rich
 from flyscale.cli.registry_commands import cmd_huggingface, cmd_loadtest, cmd_move, cmd_repository
 from flyscale.plugin import registry
@@ -70,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["safetensors", "dcp"], required=True, help="what to write")
     convert.add_argument("--out", required=True, help="the folder to write")
     convert.set_defaults(func=cmd_convert)
+    tiny = sub.add_parser(
+        "tiny-checkpoint", help="save a small random Hugging Face checkpoint (and its tokenizer) to fine-tune offline"
+    )
+    tiny.add_argument("arch", choices=["llama", "gpt2", "bert", "vit"], help="causal LMs, a text or image classifier")
+    tiny.add_argument("--out", required=True, help="the folder to write (save_pretrained's layout)")
+    tiny.add_argument("--labels", type=int, default=2, help="bert, vit: the classes the head predicts")
+    tiny.add_argument("--image-size", type=int, default=32, help="vit: the images' height and width")
+    tiny.add_argument("--channels", type=int, default=3, help="vit: the images' channels")
+    tiny.add_argument("--width", type=int, default=64, help="the hidden size")
+    tiny.add_argument("--layers", type=int, default=2, help="transformer layers")
+    tiny.add_argument("--seed", type=int, default=0, help="the weights' seed")
+    tiny.set_defaults(func=cmd_tiny_checkpoint)
     for name, flag, text in (
         ("rollback", "--to", "point the alias back at an earlier version"),
         ("promote", "--version", "point the alias at a version (a challenger, say)"),

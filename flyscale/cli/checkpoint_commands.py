@@ -1,5 +1,6 @@
 """`flyscale checkpoints`: the run folders checkpoints left behind, and old ones pruned; `flyscale
-convert`: a checkpoint's model to Hugging Face safetensors and back (flyscale/train/checkpoint_convert.py)."""
+convert`: a checkpoint's model to Hugging Face safetensors and back (flyscale/train/checkpoint_convert.py);
+`flyscale tiny-checkpoint`: a small random Hugging Face checkpoint (flyscale/export/tiny_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -52,4 +53,24 @@ def cmd_convert(args: argparse.Namespace) -> int:
     except (CheckpointError, OSError, ValueError) as exc:
         print(f"flyscale convert: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cmd_tiny_checkpoint(args: argparse.Namespace) -> int:
+    """Save a small random Hugging Face checkpoint, with its tokenizer for a text model."""
+    from pathlib import Path
+
+    from flyscale.export import tiny_checkpoint
+
+    out = tiny_checkpoint.make(
+        args.arch,
+        Path(args.out),
+        labels=args.labels,
+        image_size=args.image_size,
+        channels=args.channels,
+        width=args.width,
+        layers=args.layers,
+        seed=args.seed,
+    )
+    print(f"wrote a random {args.arch} checkpoint to {out} ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return 0

@@ -110,14 +110,17 @@ class TokenizeConfig(Section):
     `seq_len` tokens. The split is by document, before packing, so no sequence spans two splits."""
 
     _section = "tokenize"
-    tokenizer: str = "byte"  # "byte": UTF-8 bytes (257 ids); "bpe": byte-level BPE trained on the training split
+    # "byte": UTF-8 bytes (257 ids); "bpe": a byte-level BPE trained on the training split; anything
+    # else names a Hugging Face checkpoint (its folder, or a hub id where online) whose own tokenizer
+    # is used: the one a pretrained model's embedding reads (model: huggingface needs it).
+    tokenizer: str = "byte"
     vocab_size: int = 2048  # bpe: ids in the trained vocabulary, the byte alphabet and <|endoftext|> included
     min_frequency: int = 2  # bpe: a pair merges only if it occurs at least this often
     seq_len: int = 128  # tokens per packed sequence
 
     def __post_init__(self):
-        if self.tokenizer not in ("byte", "bpe"):
-            raise ValueError(f"tokenize.tokenizer must be 'byte' or 'bpe', got {self.tokenizer!r}")
+        if not self.tokenizer.strip():
+            raise ValueError("tokenize.tokenizer must be 'byte', 'bpe' or a Hugging Face checkpoint's folder, got ''")
         positive(self, "min_frequency")
         if self.seq_len < 2:
             raise ValueError(f"tokenize.seq_len must be >= 2 (an input and the token after it), got {self.seq_len}")
@@ -136,15 +139,17 @@ class ModelConfig(PluginSection):
     name: str = "mlp"
     options: dict = field(default_factory=dict)
     # Start training from these weights instead of fresh ones (a warm start, a fine-tune):
-    # models:/NAME@ALIAS, models:/NAME/VERSION, or runs:/RUN_ID (that run's model). "" = fresh weights.
+    # models:/NAME@ALIAS, models:/NAME/VERSION, or runs:/RUN_ID (that run's model); or a Hugging
+    # Face checkpoint (a folder, or a hub id where online) that the model plugin reads
+    # (from_huggingface). "" = fresh weights, or the pretrained checkpoint the model starts from.
     init_from: str = ""
 
     def __post_init__(self):
         self._canonical()  # resolving is the validation: an unknown name or a bad option fails here
-        if self.init_from and not START_URI.fullmatch(self.init_from):
+        if self.init_from and not START_URI.fullmatch(self.init_from) and re.match(r"\w+:/", self.init_from):
             raise ValueError(
-                f"model.init_from must be models:/NAME@ALIAS, models:/NAME/VERSION or runs:/RUN_ID[/MODEL], "
-                f"got {self.init_from!r}"
+                f"model.init_from must be models:/NAME@ALIAS, models:/NAME/VERSION, runs:/RUN_ID[/MODEL] or a "
+                f"Hugging Face checkpoint (a folder, or a hub id where online), got {self.init_from!r}"
             )
 
 

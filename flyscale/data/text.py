@@ -1,10 +1,11 @@
 """Tokenizers and packing: what turns documents into the token sequences a language model reads.
 
-Two tokenizers share one small interface (`Tokenizer`): the byte-level one (ids 0-255 are UTF-8
-bytes, 256 ends a document: nothing to train, nothing unknown) and a byte-level BPE trained with
-Hugging Face `tokenizers` on the training split (locally: nothing is downloaded). Either saves
-as JSON and comes back from it exactly: the JSON is an artifact beside the model and part of the
-cache key of everything after it. `Packer` lays documents end to end, each closed by the
+Three tokenizers share one small interface (`Tokenizer`): the byte-level one (ids 0-255 are
+UTF-8 bytes, 256 ends a document: nothing to train, nothing unknown), a byte-level BPE trained
+with Hugging Face `tokenizers` on the training split (locally: nothing is downloaded), and a
+pretrained model's own (a Hugging Face checkpoint's tokenizer.json, whose ids its embedding
+reads). Each saves as JSON and comes back from it exactly: the JSON is an artifact beside the
+model and part of the cache key of everything after it. `Packer` lays documents end to end, each closed by the
 end-of-text token, and cuts them into sequences of a fixed length.
 """
 
@@ -26,7 +27,7 @@ BLOCK_WINDOWS = 4096  # sequences `pack` yields at a time: memory holds a block,
 class Tokenizer(Protocol):
     """What tokenizing and packing need of a tokenizer, whichever kind."""
 
-    name: str  # "byte" or "bpe"
+    name: str  # "byte", "bpe" or "pretrained"
     vocab_size: int
     eot: int  # the id that ends each document
 
@@ -123,6 +124,67 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     return out
 
 
+class PretrainedTokenizer:
+    """A Hugging Face checkpoint's own tokenizer (any model its tokenizer.json holds: BPE,
+    WordPiece, Unigram), with the checkpoint's end-of-sequence token ending each document."""
+
+    name = "pretrained"
+
+    def __init__(self, tokenizer_json: str, eot: int, source: str):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._json, self.eot, self.source = tokenizer_json, eot, source
+        self._tok = HFTokenizer.from_str(tokenizer_json)
+        self._tok.encode_special_tokens = True  # as BpeTokenizer: only packing ends documents
+        self.vocab_size = self._tok.get_vocab_size()
+        if not 0 <= eot < self.vocab_size:
+            raise ValueError(
+                f"the tokenizer of {source} has {self.vocab_size} ids; its end-of-text id {eot} is not one"
+            )
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's ids, without the special tokens a checkpoint's post-processor adds (a
+        beginning-of-sequence id): packing puts the end-of-text id between documents itself."""
+        encodings = self._tok.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype="int32") for e in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        """The checkpoint's tokenizer.json, with the end-of-text id (which tokenizer.json alone does
+        not name: it is in the checkpoint's tokenizer_config.json) and where it came from."""
+        return json.dumps(
+            {"flyscale_tokenizer": "pretrained", "eot": self.eot, "source": self.source, "tokenizer": self._json}
+        )
+
+
+def load_pretrained(source: str) -> PretrainedTokenizer:
+    """The tokenizer of a Hugging Face checkpoint: a local folder saved by `save_pretrained`, or a
+    hub id where the machine is online (transformers resolves either). Its end-of-text id is the
+    checkpoint's end-of-sequence token."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"tokenize.tokenizer {source!r} is neither 'byte', 'bpe' nor a Hugging Face checkpoint whose tokenizer "
+            f"loads (a folder with tokenizer.json, or a hub id where the machine is online): {exc}"
+        ) from None
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"the tokenizer of {source!r} is not a fast one (no tokenizer.json); save it with tokenizers")
+    if tok.eos_token_id is None:
+        raise ValueError(
+            f"the tokenizer of {source!r} names no end-of-sequence token (eos_token in tokenizer_config.json), "
+            "which ends each packed document"
+        )
+    return PretrainedTokenizer(backend.to_str(), int(tok.eos_token_id), source)
+
+
 def from_json(text: str) -> Tokenizer:
     """The tokenizer `to_json` saved."""
     try:
@@ -131,6 +193,8 @@ def from_json(text: str) -> Tokenizer:
         raise ValueError(f"not a saved tokenizer (not JSON: {exc})") from exc
     if isinstance(data, dict) and data.get("flyscale_tokenizer") == "byte":
         return ByteTokenizer()
+    if isinstance(data, dict) and data.get("flyscale_tokenizer") == "pretrained":
+        return PretrainedTokenizer(data["tokenizer"], int(data["eot"]), str(data.get("source", "")))
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict) or data["model"].get("type") != "BPE":
         raise ValueError("not a saved tokenizer: neither flyscale's byte-level one nor a Hugging Face BPE")
     from tokenizers import Tokenizer as HFTokenizer

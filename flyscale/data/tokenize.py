@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from flyscale.config import TokenizeConfig
+from flyscale.config import ModelConfig, TokenizeConfig
 from flyscale.data import fields, shards, text
 from flyscale.data.shards import Shards, ShardWriter
 from flyscale.plugin.records import DatasetInfo, FieldSpec
@@ -32,7 +32,7 @@ SEQUENCE_FIELD = "tokens"
 class TokenStats:
     """How the documents were tokenized and packed, split by split."""
 
-    tokenizer: str  # "byte" or "bpe"
+    tokenizer: str  # "byte", "bpe" or "pretrained"
     vocab_size: int
     seq_len: int
     documents: dict[str, int] = field(default_factory=dict)
@@ -64,9 +64,12 @@ def _documents(split: Shards, info: DatasetInfo) -> Iterator[list[str]]:
 
 
 def make_tokenizer(train: Shards, info: DatasetInfo, cfg: TokenizeConfig) -> text.Tokenizer:
-    """The byte-level tokenizer, or a BPE trained on the training split's documents."""
+    """The byte-level tokenizer, a BPE trained on the training split's documents, or a
+    checkpoint's own."""
     if cfg.tokenizer == "byte":
         return text.ByteTokenizer()
+    if cfg.tokenizer != "bpe":
+        return text.load_pretrained(cfg.tokenizer)
     docs = (d for batch in _documents(train, info) for d in batch)
     return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
 
@@ -88,6 +91,20 @@ def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq
     )
 
 
+def check_tokenizer(info: DatasetInfo, cfg: TokenizeConfig, model_cfg: ModelConfig) -> None:
+    """A model that reads a pretrained checkpoint's token ids (its plugin's `tokenizer`) must be
+    given documents tokenized by that checkpoint's tokenizer: any other ids would be read as
+    other words. ValueError naming both; nothing for data that is not documents."""
+    documents = info.input()
+    own = model_cfg.plugin.method("tokenizer")
+    wanted = own(model_cfg.plugin.options) if own is not None else ""
+    if documents is not None and documents.dtype == "string" and wanted and cfg.tokenizer != wanted:
+        raise ValueError(
+            f"model {model_cfg.name!r} reads the token ids of its checkpoint's own tokenizer, but tokenize.tokenizer is "
+            f"{cfg.tokenizer!r}: set tokenize.tokenizer: {wanted}"
+        )
+
+
 def planned_info(info: DatasetInfo, cfg: TokenizeConfig) -> DatasetInfo:
     """What the packed splits will hold, known before any text is read: for a model checked
     before the data work. A BPE's vocabulary is the configured size (a corpus too small for
@@ -95,7 +112,12 @@ def planned_info(info: DatasetInfo, cfg: TokenizeConfig) -> DatasetInfo:
     documents = info.input()
     if documents is None or documents.dtype != "string":
         return info
-    vocab = text.ByteTokenizer.vocab_size if cfg.tokenizer == "byte" else cfg.vocab_size
+    if cfg.tokenizer == "byte":
+        vocab = text.ByteTokenizer.vocab_size
+    elif cfg.tokenizer == "bpe":
+        vocab = cfg.vocab_size
+    else:  # a checkpoint's: its size is known without any text
+        vocab = text.load_pretrained(cfg.tokenizer).vocab_size
     tokens = FieldSpec(SEQUENCE_FIELD, "int32", [cfg.seq_len], range=[0, vocab - 1])
     return sequences_info(info, tokens, cfg.seq_len)
 

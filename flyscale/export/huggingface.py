@@ -47,7 +47,8 @@ def save_pretrained(
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_tensors(state, out / "model.safetensors")
     if tokenizer_json:
-        tokenizer_files(tokenizer_json, out, int(config.get("n_positions", 1024)))
+        positions = config.get("n_positions") or config.get("max_position_embeddings") or 1024
+        tokenizer_files(tokenizer_json, out, int(positions))
     return out
 
 
@@ -63,19 +64,26 @@ def save_tensors(state: Mapping[str, torch.Tensor], path: Path) -> None:
 
 def tokenizer_files(tokenizer_json: str, out: Path, max_length: int) -> None:
     """tokenizer.json (the `tokenizers` library's) and tokenizer_config.json for a flyscale
-    tokenizer's JSON: a BPE's is already the library's; the byte-level one becomes a byte-level
-    BPE without merges whose ids are the bytes' values, <|endoftext|> after them."""
+    tokenizer's JSON: a BPE's is already the library's; a pretrained checkpoint's is its own,
+    with its end-of-sequence token; the byte-level one becomes a byte-level BPE without merges
+    whose ids are the bytes' values, <|endoftext|> after them."""
     data = json.loads(tokenizer_json)
+    eos = EOT
     if data.get("flyscale_tokenizer") == "byte":
         tokenizer_json = _byte_tokenizer(int(data["eot"]))
+    elif data.get("flyscale_tokenizer") == "pretrained":
+        from tokenizers import Tokenizer
+
+        tokenizer_json = data["tokenizer"]
+        eos = Tokenizer.from_str(tokenizer_json).id_to_token(int(data["eot"])) or EOT
     (out / "tokenizer.json").write_text(tokenizer_json)
     (out / "tokenizer_config.json").write_text(
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
-                "bos_token": EOT,
-                "eos_token": EOT,
-                "unk_token": EOT,
+                "bos_token": eos,
+                "eos_token": eos,
+                "unk_token": eos,
                 "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False,
             },

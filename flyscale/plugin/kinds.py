@@ -34,7 +34,14 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "__call__": ["model", "data", "cfg", "ctx", "options", "hooks"],
     },
     # What the model is in Hugging Face's format: (its config.json as a dict, its state_dict there).
-    "models": {"huggingface": ["options", "info", "model"]},
+    "models": {
+        "huggingface": ["options", "info", "model"],
+        # A pretrained model: the checkpoint it starts from, the weights of a Hugging Face checkpoint
+        # under its own names, and the checkpoint whose tokenizer makes the ids it reads.
+        "pretrained": ["options"],
+        "from_huggingface": ["options", "info", "directory"],
+        "tokenizer": ["options"],
+    },
     "gates": {"reads": ["options"]},
     "objectives": {
         "pair": ["x", "y"],

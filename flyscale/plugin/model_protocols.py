@@ -14,7 +14,16 @@ if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry l
 
 class ModelPlugin(Protocol):
     """Builds a fresh model: any nn.Module for DDP. The pipeline strategy (and activation
-    checkpointing) split it between layers, so for them return an `nn.Sequential`."""
+    checkpointing) split it between layers, so for them return an `nn.Sequential`. A model that
+    is not one may name its repeated blocks by class in a `block_types` attribute (a Hugging Face
+    model's decoder layers): fsdp then shards each block as a unit.
+
+    Optional, for a pretrained model (see kinds.OPTIONAL_METHODS): `pretrained(options)`, the
+    Hugging Face checkpoint training starts from unless model.init_from names other weights;
+    `from_huggingface(options, info, directory)`, a checkpoint's weights under the built model's
+    state_dict names; `tokenizer(options)`, the checkpoint whose tokenizer makes the ids it
+    reads (tokenize.tokenizer must name it); `huggingface(options, info, model)`, the model in
+    Hugging Face's format (its config.json as a dict, and its state_dict there)."""
 
     def build(self, options: Any, info: DatasetInfo) -> nn.Module: ...
 

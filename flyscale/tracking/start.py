@@ -1,10 +1,12 @@
-"""Warm starts (`model.init_from`): the weights a run starts from, fetched from MLflow and held
-to the model this run builds before any data is read, so that a mismatch is refused by name
-instead of surfacing as a shape error inside a worker."""
+"""Warm starts (`model.init_from`, or a pretrained model's own checkpoint): the weights a run
+starts from, fetched from MLflow or read from a Hugging Face checkpoint, and held to the model
+this run builds before any data is read, so that a mismatch is refused by name instead of
+surfacing as a shape error inside a worker."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from flyscale.config import ModelConfig
+from flyscale.config.sections import START_URI
 from flyscale.model import file_sha256
 from flyscale.plugin.records import DatasetInfo, as_dataset_info
 from flyscale.tracking.model_spec import artifact_files
@@ -69,6 +72,53 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
         )
     weights = str(files["weights"])
     return Fetched(weights, file_sha256(weights), source, spec)
+
+
+def starting_weights(
+    model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo, into: Path, tracking_uri: Callable[[], str]
+) -> Fetched | None:
+    """What `model` (built on the meta device) starts from, held to it: the registered model or
+    run model.init_from names, a Hugging Face checkpoint it names, or else the pretrained
+    checkpoint of the model's plugin (`pretrained`); None for fresh weights."""
+    init_from = model_cfg.init_from
+    if init_from and START_URI.fullmatch(init_from):
+        fetched = fetch(init_from, into, tracking_uri())
+        check(fetched, model, model_cfg, info)
+        return fetched
+    if init_from:
+        return from_huggingface(init_from, model_cfg, model, info, into)
+    pretrained = model_cfg.plugin.method("pretrained")
+    return from_huggingface(pretrained(model_cfg.plugin.options), model_cfg, model, info, into) if pretrained else None
+
+
+def from_huggingface(
+    checkpoint: str, model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo, into: Path
+) -> Fetched:
+    """The weights of a Hugging Face checkpoint (a folder, or a hub id where online) as this run's
+    model names them (its plugin's `from_huggingface`), saved as a state_dict file in `into`, and
+    held to `model` (built on the meta device)."""
+    r = model_cfg.plugin
+    read = r.method("from_huggingface")
+    if read is None:
+        raise StartError(
+            f"model {model_cfg.name!r} cannot start from the Hugging Face checkpoint {checkpoint!r}: its plugin "
+            "has no from_huggingface(options, info, directory). Use model: huggingface for such a checkpoint"
+        )
+    try:
+        state = read(r.options, info, checkpoint)
+    except (OSError, ValueError) as exc:
+        raise StartError(f"the Hugging Face checkpoint {checkpoint!r} could not be read: {exc}") from None
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / "weights.pt"
+    torch.save(state, path)
+    have = sorted([k, list(v.shape), str(v.dtype)] for k, v in state.items())
+    want = sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
+    if have != want:
+        raise StartError(
+            f"the Hugging Face checkpoint {checkpoint!r} is another architecture than this run builds: "
+            f"{tensor_difference(have, want, 'its weights')}"
+        )
+    return Fetched(str(path), file_sha256(path), f"the Hugging Face checkpoint {checkpoint}", {})
 
 
 def check(fetched: Fetched, model: nn.Module, model_cfg: ModelConfig, info: DatasetInfo) -> None:

@@ -62,13 +62,16 @@ class FSDPOptions:
 
 
 def units_of(model: nn.Module, options: FSDPOptions) -> list[nn.Module]:
-    """The modules sharded as units of their own, in order (the root is sharded after them)."""
-    if options.units:
-        found = [m for m in model.modules() if type(m).__name__ in options.units and m is not model]
+    """The modules sharded as units of their own, in order (the root is sharded after them): those
+    train.options.units names, else the blocks the model names (`block_types`: a Hugging Face
+    model's decoder layers), else the layers of its nn.Sequential."""
+    names = options.units or list(getattr(model, "block_types", ()))
+    if names:
+        found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if not found:
             kinds = sorted({type(m).__name__ for m in model.modules()})
             raise ValueError(
-                f"train.options.units {options.units} names no module of this model; its modules are: {', '.join(kinds)}"
+                f"train.options.units {names} names no module of this model; its modules are: {', '.join(kinds)}"
             )
         return found
     layers = meta.layers_of(model)

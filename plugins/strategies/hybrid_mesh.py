@@ -89,8 +89,13 @@ def check_tensor_parallel(model: nn.Module, options: HybridOptions, tp: int) -> 
                 linear = module.get_submodule(path)
             except AttributeError:
                 raise ValueError(f"tp_plan names {path!r}, and {type(module).__name__} has no such module") from None
-            if not isinstance(linear, nn.Linear):
-                raise ValueError(f"tp_plan names {path!r}, a {type(linear).__name__}: only nn.Linear layers split")
+            if not isinstance(linear, nn.Linear) or style not in ("colwise", "rowwise"):
+                # A Hugging Face model declares a plan of its own kind (embeddings, wildcards, more styles).
+                raise ValueError(
+                    f"the tp_plan of {type(module).__name__} names {path!r}, a {type(linear).__name__}, {style}: "
+                    f"flyscale's tensor parallelism splits only nn.Linear layers, colwise or rowwise. Give "
+                    f"train.options.tp_plan naming the Linear layers to split, or use train.strategy: fsdp"
+                )
             size = linear.out_features if style == "colwise" else linear.in_features
             if size % tp:
                 raise ValueError(f"{path} ({linear}) cannot be split {style} into {tp} equal parts: {size} features")

@@ -40,15 +40,18 @@ class ByteTokens:
 
 
 class BpeTokens:
-    """A byte-level BPE saved by Hugging Face `tokenizers`."""
+    """A tokenizer saved by Hugging Face `tokenizers`: a BPE flyscale trained (its end of text is
+    <|endoftext|>), or a pretrained checkpoint's (its end-of-sequence id given as `eot`)."""
 
-    def __init__(self, saved: str):
+    def __init__(self, saved: str, eot: int | None = None):
         from tokenizers import Tokenizer
 
         self.tok = Tokenizer.from_str(saved)
-        eot = self.tok.token_to_id(EOT)
+        self.tok.encode_special_tokens = True  # as the tokenizer that made the training data
         if eot is None:
-            raise ValueError(f"the registered tokenizer has no {EOT} token")
+            eot = self.tok.token_to_id(EOT)
+            if eot is None:
+                raise ValueError(f"the registered tokenizer has no {EOT} token")
         self.eot = eot
 
     def encode(self, text: str) -> list[int]:
@@ -63,6 +66,8 @@ def tokens_of(saved: str):
     data = json.loads(saved)
     if data.get("flyscale_tokenizer") == "byte":
         return ByteTokens(int(data["eot"]))
+    if data.get("flyscale_tokenizer") == "pretrained":
+        return BpeTokens(data["tokenizer"], int(data["eot"]))
     return BpeTokens(saved)
 
 

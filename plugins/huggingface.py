@@ -1,0 +1,228 @@
+"""A Hugging Face checkpoint as a flyscale model: a causal language model, a sequence classifier
+or an image classifier, through transformers' `Auto*` classes.
+
+The checkpoint is a folder saved by `save_pretrained` (config.json, model.safetensors, and for
+text its tokenizer.json), or a hub id where the machine is online. `build` makes the
+architecture from its config.json alone (on the meta device too, for fsdp); the checkpoint's
+weights are what training starts from (`pretrained` and `from_huggingface`: flyscale fetches
+them before any data work, holds them to the model, and keys the cache on their sha256), so
+every strategy loads them the one way it loads `model.init_from`.
+
+Every model is called as flyscale calls one: a batch of its input in, logits out. A causal LM
+reads token ids (N, T) made by the checkpoint's own tokenizer (`tokenize.tokenizer` names the
+same checkpoint), and returns (N, T, vocabulary); a sequence classifier reads token ids and an
+image classifier images (N, C, H, W), each returning (N, labels). The checkpoint's labels must
+be the dataset's classes in number.
+
+For sharding, the model names its repeated blocks (`block_types`, from transformers'
+`_no_split_modules`: a Llama's decoder layers): fsdp shards each as a unit. Parameters that
+transformers' modules initialise without a `reset_parameters` (RMSNorm weights, the rotary
+embedding's frequencies) get one that calls the model's own `_init_weights`, so a model built on
+the meta device is materialised as every flyscale model is.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from flyscale.api import DatasetInfo
+
+TASKS = {
+    "causal_lm": "AutoModelForCausalLM",
+    "sequence_classification": "AutoModelForSequenceClassification",
+    "image_classification": "AutoModelForImageClassification",
+}
+# What an architecture's class name ends with, for each task (config.json's `architectures`).
+SUFFIXES = {
+    "ForCausalLM": "causal_lm",
+    "LMHeadModel": "causal_lm",
+    "ForSequenceClassification": "sequence_classification",
+    "ForImageClassification": "image_classification",
+}
+PREFIX = "hf."  # where the transformers model sits in flyscale's module (its attribute name)
+
+
+@dataclass
+class HuggingFaceOptions:
+    # A folder saved by save_pretrained (config.json and the weights), or a hub id where online.
+    path: str = ""
+    # causal_lm, sequence_classification or image_classification; "": from config.json's architectures.
+    task: str = ""
+
+    def __post_init__(self):
+        if not self.path.strip():
+            raise ValueError(
+                "model.options.path must name a Hugging Face checkpoint: a folder saved by save_pretrained "
+                "(config.json, model.safetensors), or a hub id where the machine is online"
+            )
+        if self.task and self.task not in TASKS:
+            raise ValueError(
+                f"model.options.task must be one of {', '.join(TASKS)} (or '' for config.json's), got {self.task!r}"
+            )
+
+
+@functools.lru_cache(maxsize=8)
+def _config(path: str):
+    """The checkpoint's config.json, read once per process."""
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"model.options.path {path!r} is not a Hugging Face checkpoint that loads here (a folder with "
+            f"config.json, or a hub id where the machine is online): {exc}"
+        ) from None
+
+
+def task_of(options: HuggingFaceOptions) -> str:
+    """The task the options name, or the one config.json's architecture says."""
+    if options.task:
+        return options.task
+    names = list(getattr(_config(options.path), "architectures", None) or [])
+    for name in names:
+        for suffix, task in SUFFIXES.items():
+            if name.endswith(suffix):
+                return task
+    raise ValueError(
+        f"cannot tell which task the checkpoint {options.path!r} is for (its config.json's architectures: "
+        f"{names or 'none'}); set model.options.task to one of {', '.join(TASKS)}"
+    )
+
+
+def auto_class(task: str):
+    import transformers
+
+    return getattr(transformers, TASKS[task])
+
+
+class HuggingFaceModel(nn.Module):
+    """A transformers model called as every flyscale model is: its input in, logits out."""
+
+    def __init__(self, hf: nn.Module, task: str):
+        super().__init__()
+        self.hf, self.task = hf, task
+        # The repeated blocks (a Llama's decoder layers): what fsdp shards one at a time.
+        self.block_types = tuple(getattr(hf, "_no_split_modules", None) or ())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.task == "image_classification":
+            return self.hf(pixel_values=x).logits
+        if self.task == "causal_lm":
+            return self.hf(input_ids=x, use_cache=False).logits
+        return self.hf(input_ids=x).logits
+
+
+def _give_reset_parameters(hf: nn.Module) -> None:
+    """A `reset_parameters` for every module that holds tensors of its own and has none (a norm's
+    weight, rotary frequencies), calling the model's own initialisation of that module: what
+    flyscale.train.meta asks of a model it materialises from the meta device."""
+    init = getattr(hf, "_init_weights", None)
+    if init is None:
+        return
+    for module in hf.modules():
+        own = [*module._parameters.values(), *module._buffers.values()]
+        if any(t is not None for t in own) and not callable(getattr(module, "reset_parameters", None)):
+            # On the instance, beside transformers' own methods: nn.Module's __setattr__ is for tensors and modules.
+            object.__setattr__(
+                module, "reset_parameters", types.MethodType(lambda self, _init=init: _init(self), module)
+            )
+
+
+def _check_fits(options: HuggingFaceOptions, task: str, config: Any, info: DatasetInfo) -> None:
+    """The checkpoint against the dataset, before any data work: token ids it can embed, sequences
+    it has positions for, labels as many as the classes, images of its size."""
+    field = info.input()
+    where = f"the checkpoint {options.path!r}"
+    if task in ("causal_lm", "sequence_classification"):
+        if (
+            field is None
+            or field.dtype not in ("uint8", "int32", "int64")
+            or len(field.shape) != 1
+            or field.range is None
+        ):
+            raise ValueError(
+                f"{where} is a {task} model, which reads token ids; dataset {info.name!r} has "
+                f"{field if field is not None else f'a table of {len(info.feature_columns)} features'}. "
+                f"Tokenize its documents with the checkpoint's own tokenizer (tokenize.tokenizer: {options.path})"
+            )
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        if field.range[1] >= vocab:
+            raise ValueError(
+                f"{where} embeds {vocab} token ids, but dataset {info.name!r}'s ids reach {field.range[1]}: "
+                f"tokenize with the checkpoint's own tokenizer (tokenize.tokenizer: {options.path})"
+            )
+        positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        if positions is not None and field.shape[0] > positions:
+            raise ValueError(
+                f"{where} has {positions} positions; dataset {info.name!r}'s sequences are {field.shape[0]} tokens "
+                f"long: set tokenize.seq_len to at most {positions}"
+            )
+    if task == "image_classification":
+        if len(info.input_shape) != 3:
+            raise ValueError(
+                f"{where} classifies images (C, H, W); dataset {info.name!r} has inputs {info.input_shape}"
+            )
+        c, h, w = info.input_shape
+        channels, size = getattr(config, "num_channels", c), getattr(config, "image_size", h)
+        if channels != c or (size, size) != (h, w):
+            raise ValueError(f"{where} takes {channels}x{size}x{size} images; dataset {info.name!r}'s are {c}x{h}x{w}")
+    if task != "causal_lm" and config.num_labels != info.num_classes:
+        labels = ", ".join(str(v) for v in list(config.id2label.values())[:12])
+        raise ValueError(
+            f"{where} has {config.num_labels} labels ({labels}); dataset {info.name!r} has {info.num_classes} classes. "
+            f"Save the checkpoint with num_labels={info.num_classes} (a fresh classifier head), or pick a dataset with "
+            f"its labels"
+        )
+
+
+class HuggingFace:
+    """A Hugging Face checkpoint (causal LM, sequence or image classification), fine-tuned."""
+
+    options_type = HuggingFaceOptions
+
+    def build(self, options: HuggingFaceOptions, info: DatasetInfo) -> HuggingFaceModel:
+        """The checkpoint's architecture with fresh weights (on the meta device when the caller
+        builds there); training starts from the checkpoint's weights (`pretrained`)."""
+        task = task_of(options)
+        config = _config(options.path)
+        _check_fits(options, task, config, info)
+        hf = auto_class(task).from_config(config)
+        _give_reset_parameters(hf)
+        return HuggingFaceModel(hf, task)
+
+    def pretrained(self, options: HuggingFaceOptions) -> str:
+        """Where the weights training starts from are, unless model.init_from names others."""
+        return options.path
+
+    def tokenizer(self, options: HuggingFaceOptions) -> str:
+        """The checkpoint whose tokenizer makes the ids this model reads ("" for images)."""
+        return "" if task_of(options) == "image_classification" else options.path
+
+    def from_huggingface(
+        self, options: HuggingFaceOptions, info: DatasetInfo, directory: str
+    ) -> dict[str, torch.Tensor]:
+        """The weights of the checkpoint at `directory` (this architecture's), under this model's names."""
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf = auto_class(task_of(options)).from_pretrained(directory, dtype=torch.float32)
+        return {PREFIX + k: v for k, v in hf.state_dict().items()}
+
+    def huggingface(self, options: HuggingFaceOptions, info: DatasetInfo, model: HuggingFaceModel) -> tuple[dict, dict]:
+        """The model as it came: its own config and its weights under its own names."""
+        if not isinstance(model, HuggingFaceModel):
+            raise TypeError("huggingface() takes a model built by 'huggingface'")
+        hf: Any = model.hf  # a transformers PreTrainedModel
+        return hf.config.to_dict(), dict(hf.state_dict())
+
+
+huggingface = HuggingFace()

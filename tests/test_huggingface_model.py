@@ -1,0 +1,161 @@
+"""The Hugging Face model plugin (plugins/huggingface.py) on small random checkpoints made offline
+by `flyscale tiny-checkpoint`'s code: the checkpoint's weights are what training starts from and
+answer as transformers does; the model materialises from the meta device and fsdp shards its
+decoder layers; labels, vocabularies, tokenizers and strategies that do not fit are refused
+before any data work, naming both sides. (tests/test_huggingface_e2e.py fine-tunes one through
+`pyflyte run`.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flyscale.api import DatasetInfo, FieldSpec
+from flyscale.config import ModelConfig, TokenizeConfig, TrainConfig
+from flyscale.data import text
+from flyscale.data.tokenize import check_tokenizer, planned_info
+from flyscale.export import tiny_checkpoint
+from flyscale.export.onnx_pyfunc.generation import tokens_of
+from flyscale.model import build_model
+from flyscale.tracking import start
+from flyscale.train import meta
+from flyscale.train.strategies import check_model
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {
+        "llama": tiny_checkpoint.make("llama", root / "llama"),
+        "llama-other": tiny_checkpoint.make("llama", root / "llama-other", seed=1),
+        "bert": tiny_checkpoint.make("bert", root / "bert", labels=3),
+        "vit": tiny_checkpoint.make("vit", root / "vit", labels=4, image_size=16),
+    }
+
+
+def _tokens(length: int = 33, vocab: int = 257) -> DatasetInfo:
+    field = FieldSpec("tokens", "int32", [length], range=[0, vocab - 1])
+    return DatasetInfo("tokens", 0, [length], [], label_column="", fields=[field], input_field="tokens")
+
+
+def _labelled_tokens(classes: int) -> DatasetInfo:
+    fields = [FieldSpec("tokens", "int32", [16], range=[0, 256]), FieldSpec("label", "int64", [])]
+    return DatasetInfo("reviews", classes, [16], [], label_column="label", fields=fields, input_field="tokens")
+
+
+def _documents() -> DatasetInfo:
+    fields = [FieldSpec("text", "string", [])]
+    return DatasetInfo("docs", 0, [], [], label_column="", fields=fields, input_field="text")
+
+
+def _model(path: Path, **more) -> ModelConfig:
+    return ModelConfig(name="huggingface", options={"path": str(path)}, **more)
+
+
+def _started(cfg: ModelConfig, info: DatasetInfo, tmp_path: Path) -> torch.nn.Module:
+    """The model as training starts it: built, then given the weights flyscale fetched for it."""
+    fetched = start.starting_weights(cfg, build_model(cfg, info, meta=True), info, tmp_path, lambda: "")
+    assert fetched is not None
+    model = build_model(cfg, info)
+    model.load_state_dict(torch.load(fetched.weights_path, weights_only=True))
+    return model.eval()
+
+
+def test_a_causal_lm_starts_from_its_checkpoint_and_answers_as_transformers(checkpoints, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    info = _tokens()
+    model = _started(_model(checkpoints["llama"]), info, tmp_path)
+    reference = AutoModelForCausalLM.from_pretrained(checkpoints["llama"]).eval()
+    ids = torch.randint(0, 257, (3, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(input_ids=ids).logits, rtol=0, atol=1e-6)
+
+
+def test_model_init_from_names_another_checkpoint_of_the_same_architecture(checkpoints, tmp_path):
+    info = _tokens()
+    base = _started(_model(checkpoints["llama"]), info, tmp_path / "a")
+    other = _started(_model(checkpoints["llama"], init_from=str(checkpoints["llama-other"])), info, tmp_path / "b")
+    name = "hf.model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(base.state_dict()[name], other.state_dict()[name])
+    with pytest.raises(ValueError, match="model.init_from must be models:/NAME@ALIAS"):
+        _model(checkpoints["llama"], init_from="s3://bucket/weights")
+    with pytest.raises(start.StartError, match="is another architecture than this run builds"):
+        _started(_model(checkpoints["llama"], init_from=str(checkpoints["bert"])), info, tmp_path / "c")
+
+
+def test_on_the_meta_device_it_materialises_and_fsdp_shards_each_decoder_layer(checkpoints):
+    from flyscale_plugins.strategies.fsdp import FSDPOptions, units_of
+
+    info = _tokens()
+    cfg = _model(checkpoints["llama"])
+    on_meta = build_model(cfg, info, meta=True)
+    meta.check_materialisable(on_meta)  # norms and rotary frequencies initialise by the model's own rules
+    materialised = meta.materialise(on_meta, "cpu", seed=0)
+    in_memory = build_model(cfg, info)
+    for name, buffer in in_memory.named_buffers():  # computed, not learnt: not in any checkpoint
+        torch.testing.assert_close(materialised.get_buffer(name), buffer)
+    assert [type(u).__name__ for u in units_of(on_meta, FSDPOptions())] == ["LlamaDecoderLayer"] * 2
+
+
+def test_strategies_that_cannot_split_it_refuse_before_any_data_work(checkpoints):
+    model = build_model(_model(checkpoints["llama"]), _tokens(), meta=True)
+    with pytest.raises(ValueError, match="needs an nn.Sequential, and this one is a HuggingFaceModel"):
+        check_model(model, TrainConfig(strategy="pipeline"), 2)
+    with pytest.raises(ValueError, match="splits only nn.Linear layers, colwise or rowwise"):
+        check_model(model, TrainConfig(strategy="hybrid", options={"mesh": {"dp": 1, "tp": 2}}), 2)
+    check_model(model, TrainConfig(strategy="fsdp"), 2)
+
+
+def test_labels_vocabularies_and_positions_that_do_not_fit_are_refused_naming_both(checkpoints):
+    with pytest.raises(
+        ValueError, match=r"has 3 labels \(LABEL_0, LABEL_1, LABEL_2\); dataset 'reviews' has 10 classes"
+    ):
+        build_model(_model(checkpoints["bert"]), _labelled_tokens(10), meta=True)
+    assert build_model(_model(checkpoints["bert"]), _labelled_tokens(3))(
+        torch.zeros(2, 16, dtype=torch.long)
+    ).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"embeds 257 token ids, but dataset 'tokens'.s ids reach 1023"):
+        build_model(_model(checkpoints["llama"]), _tokens(vocab=1024), meta=True)
+    with pytest.raises(ValueError, match="has 256 positions; dataset 'tokens'.s sequences are 300 tokens long"):
+        build_model(_model(checkpoints["llama"]), _tokens(length=300), meta=True)
+    image = DatasetInfo(
+        "shapes", 4, [3, 16, 16], [], fields=[FieldSpec("image", "float32", [3, 16, 16])], input_field="image"
+    )
+    assert build_model(_model(checkpoints["vit"]), image)(torch.zeros(2, 3, 16, 16)).shape == (2, 4)
+    small = DatasetInfo(
+        "shapes", 4, [3, 8, 8], [], fields=[FieldSpec("image", "float32", [3, 8, 8])], input_field="image"
+    )
+    with pytest.raises(ValueError, match="takes 3x16x16 images; dataset 'shapes'.s are 3x8x8"):
+        build_model(_model(checkpoints["vit"]), small, meta=True)
+
+
+def test_the_checkpoints_tokenizer_makes_the_ids_and_the_served_model_reads_them_alike(checkpoints):
+    cfg = _model(checkpoints["llama"])
+    with pytest.raises(
+        ValueError, match=rf"tokenize.tokenizer is 'byte': set tokenize.tokenizer: {checkpoints['llama']}"
+    ):
+        check_tokenizer(_documents(), TokenizeConfig(tokenizer="byte"), cfg)
+    own = TokenizeConfig(tokenizer=str(checkpoints["llama"]), seq_len=33)
+    check_tokenizer(_documents(), own, cfg)
+    assert planned_info(_documents(), own).input().range == [0, 256]
+
+    tok = text.load_pretrained(str(checkpoints["llama"]))
+    assert (tok.name, tok.vocab_size, tok.eot) == ("pretrained", 257, 256)
+    sample = ["def f(x):\n    return x  # é", "<|endoftext|> is text here"]
+    ids = tok.encode_batch(sample)
+    saved = tok.to_json()
+    again = text.from_json(saved)
+    served = tokens_of(saved)
+    assert json.loads(saved)["eot"] == served.eot == again.eot == 256
+    for s, i in zip(sample, ids):
+        assert list(again.encode_batch([s])[0]) == served.encode(s) == list(i)
+        assert served.decode(list(i)) == again.decode(i) == s
+    assert 256 not in ids[1]  # the special token's text is text: only packing ends a document
+    with pytest.raises(ValueError, match="is neither 'byte', 'bpe' nor a Hugging Face checkpoint"):
+        text.load_pretrained(str(checkpoints["llama"] / "absent"))
