@@ -6,6 +6,7 @@ flytekit's torch transformers unpickle, and torch>=2.6 refuses that)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import warnings
@@ -32,6 +33,28 @@ def build_model(cfg: ModelConfig, info: DatasetInfo, *, meta: bool = False) -> n
     r = cfg.plugin
     with torch.device("meta") if meta else contextlib.nullcontext():
         return as_module(r.plugin.build(r.options, info), f"model {cfg.name!r}: build()")
+
+
+def parameter_counts(model: nn.Module) -> tuple[int, int]:
+    """(the model's parameters, those that train), each shared tensor counted once."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def kept(cfg: ModelConfig, info: DatasetInfo, path: str) -> tuple[ModelConfig, str]:
+    """The trained model as it is handed on, and the config that builds it: a plugin with
+    `merged(options, model)` folds into the weights what only training needs (LoRA adapters), so
+    evaluation, export, serving and the registry see a plain model. Otherwise `cfg` and `path`."""
+    r = cfg.plugin
+    merge = r.method("merged")
+    if merge is None:
+        return cfg, path
+    options, model = merge(r.options, load_state(build_model(cfg, info), path))
+    if options == r.options:
+        return cfg, path
+    return ModelConfig(name=cfg.name, options=dataclasses.asdict(options), init_from=cfg.init_from), save_state(
+        as_module(model, f"model {cfg.name!r}: merged()"), "model.pt"
+    )
 
 
 def save_state(model: nn.Module, name: str) -> str:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import functools
 import types
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -49,11 +50,36 @@ PREFIX = "hf."  # where the transformers model sits in flyscale's module (its at
 
 
 @dataclass
+class LoraOptions:
+    """Low-rank adapters (peft's LoRA): each targeted Linear layer W is used as W + (alpha / r) B A,
+    with A (r x in) and B (out x r) the only weights that train; B starts at zero, so training
+    starts from the checkpoint's own function."""
+
+    r: int = 8  # the adapters' rank
+    alpha: float = 16.0  # their scale is alpha / r
+    dropout: float = 0.0  # on the adapters' input, while training
+    # The Linear layers adapted, by the last part of their name (a Llama's q_proj, v_proj); empty:
+    # peft's default for the architecture (its attention's query and value projections).
+    target_modules: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.r, bool) or self.r < 1:
+            raise ValueError(f"lora.r must be a whole number >= 1, got {self.r!r}")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
 class HuggingFaceOptions:
     # A folder saved by save_pretrained (config.json and the weights), or a hub id where online.
     path: str = ""
     # causal_lm, sequence_classification or image_classification; "": from config.json's architectures.
     task: str = ""
+    # Fine-tune low-rank adapters only (peft's LoRA), merged into the weights when training ends;
+    # none: every weight trains.
+    lora: LoraOptions | None = None
 
     def __post_init__(self):
         if not self.path.strip():
@@ -79,7 +105,8 @@ def _config(path: str):
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"model.options.path {path!r} is not a Hugging Face checkpoint that loads here (a folder with "
-            f"config.json, or a hub id where the machine is online): {exc}"
+            f"config.json, or a hub id where the machine is online; `flyscale tiny-checkpoint llama --out DIR` "
+            f"makes a small random one): {exc}"
         ) from None
 
 
@@ -135,6 +162,29 @@ def _give_reset_parameters(hf: nn.Module) -> None:
             object.__setattr__(
                 module, "reset_parameters", types.MethodType(lambda self, _init=init: _init(self), module)
             )
+
+
+# peft's name for each task: a classifier's new head then trains whole beside the adapters.
+PEFT_TASKS = {"causal_lm": "CAUSAL_LM", "sequence_classification": "SEQ_CLS"}
+
+
+def _with_lora(hf: nn.Module, task: str, lora: LoraOptions | None) -> nn.Module:
+    """`hf` with LoRA adapters on its targeted Linear layers and every other weight frozen (but a
+    classifier's head, which trains whole); `hf` itself without `lora`."""
+    if lora is None:
+        return hf
+    from peft import LoraConfig, get_peft_model
+
+    head: dict[str, Any] = (
+        {"task_type": PEFT_TASKS[task]} if task in PEFT_TASKS else {"modules_to_save": ["classifier"]}
+    )
+    config = LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules or None, **head
+    )
+    try:
+        return get_peft_model(hf, config)
+    except ValueError as exc:  # peft names the modules it could not find
+        raise ValueError(f"model.options.lora: {exc}") from None
 
 
 def _check_fits(options: HuggingFaceOptions, task: str, config: Any, info: DatasetInfo) -> None:
@@ -197,7 +247,7 @@ class HuggingFace:
         _check_fits(options, task, config, info)
         hf = auto_class(task).from_config(config)
         _give_reset_parameters(hf)
-        return HuggingFaceModel(hf, task)
+        return HuggingFaceModel(_with_lora(hf, task, options.lora), task)
 
     def pretrained(self, options: HuggingFaceOptions) -> str:
         """Where the weights training starts from are, unless model.init_from names others."""
@@ -214,8 +264,21 @@ class HuggingFace:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        hf = auto_class(task_of(options)).from_pretrained(directory, dtype=torch.float32)
+        task = task_of(options)
+        hf = auto_class(task).from_pretrained(directory, dtype=torch.float32)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # the adapters' A starts random: the same checkpoint, the same start
+            hf = _with_lora(hf, task, options.lora)
         return {PREFIX + k: v for k, v in hf.state_dict().items()}
+
+    def merged(self, options: HuggingFaceOptions, model: HuggingFaceModel) -> tuple[HuggingFaceOptions, nn.Module]:
+        """The trained model as it is kept: LoRA's adapters merged into the weights they adapt (a
+        plain transformers model, served and exported without peft), and the options that build
+        it; without LoRA, both as they are."""
+        if options.lora is None:
+            return options, model
+        hf: Any = model.hf  # a peft PeftModel
+        return dataclasses.replace(options, lora=None), HuggingFaceModel(hf.merge_and_unload(), model.task)
 
     def huggingface(self, options: HuggingFaceOptions, info: DatasetInfo, model: HuggingFaceModel) -> tuple[dict, dict]:
         """The model as it came: its own config and its weights under its own names."""

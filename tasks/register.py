@@ -93,6 +93,7 @@ def _publisher(name: str, publish: bool, doc: str):
             started=started,
             tokens=validated.tokens,
             tokenizer_json=model.tokenizer_json(),
+            trained_model=model.model,
         )
         return Registered(summary=RunSummary.of(candidate, register(candidate, publish)))
 

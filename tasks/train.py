@@ -27,7 +27,7 @@ from flyscale.data.source import DataFingerprint
 from flyscale.flyte.caching import code_cache, code_version
 from flyscale.flyte.content import BY_CONTENT, file_sha256
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
-from flyscale.model import build_model, save_state
+from flyscale.model import build_model, kept, parameter_counts, save_state
 from flyscale.plugin.records import DatasetInfo
 from flyscale.render.decks import learning_curves_html
 from flyscale.search.study import TrialSpec, reporter
@@ -148,6 +148,7 @@ def train_job(
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         # On the meta device where the strategy materialises its own part (each pipeline stage its layers).
         model = build_model(model_cfg, info, meta=wants_meta_model(cfg))
+        counted = parameter_counts(model)  # before a strategy wraps or shards it
         train_fn, options = strategy(cfg)
         key = identity(fingerprint, model_cfg, cfg, ctx.world_size, augment, objective, start.sha256)
         cfg, workers = keep_global_batch(cfg, preflight, ctx.world_size, registered_workers(cfg, preflight))
@@ -212,6 +213,7 @@ def train_job(
             raise RuntimeError("rank 0 has no live MLflow run to hand on")
         result.history.mlflow_run_id = live.run_id
         result.history.workers = workers
+        result.history.parameters, result.history.trained_parameters = counted
         if start.weights is not None:
             result.history.started_from = f"{start.source} (weights sha256 {start.sha256[:12]})"
         Deck("Learning curves", learning_curves_html(result.history))
@@ -274,7 +276,6 @@ def train_model(
     )
     if trained is None:
         return None  # type: ignore[return-value]  # other ranks: no outputs
-    bundle = ModelBundle(
-        FlyteFile(trained.path), file_sha256(trained.path), info, model_cfg, objective, tokenizer=tokenizer
-    )
+    kept_cfg, weights = kept(model_cfg, info, trained.path)  # LoRA's adapters merged, say
+    bundle = ModelBundle(FlyteFile(weights), file_sha256(weights), info, kept_cfg, objective, tokenizer=tokenizer)
     return Trained(bundle, trained.history)

@@ -22,16 +22,35 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 PROMPTS = ["The ", "Lists "]
 
 
-def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http(
-    tmp_path, mlflow_server, serving_envs, monkeypatch
-):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    checkpoint = tmp_path / "tiny-llama"
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """The preset's checkpoint, made by the command its comment gives."""
+    out = tmp_path_factory.mktemp("checkpoints") / "tiny-llama"
     made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "llama", "--out", str(checkpoint)], capture_output=True, text=True
+        [str(BIN / "flyscale"), "tiny-checkpoint", "llama", "--out", str(out)], capture_output=True, text=True
     )
     assert made.returncode == 0, made.stderr[-2000:]
+    return out
+
+
+def _export(name: str, tmp_path, uri: str):
+    """The registered version 1 of `name` written out by `flyscale huggingface`, loaded by transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported = tmp_path / "exported"
+    written = subprocess.run(
+        [str(BIN / "flyscale"), "huggingface", "--model", name, "--version", "1", "--out", str(exported)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )
+    assert written.returncode == 0, written.stderr[-2000:]
+    return AutoTokenizer.from_pretrained(exported), AutoModelForCausalLM.from_pretrained(exported).eval()
+
+
+def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http(
+    checkpoint, tmp_path, mlflow_server, serving_envs, monkeypatch
+):
     name = f"hf-llama-{uuid.uuid4().hex[:8]}"
     mine = {
         "model": {"options": {"path": str(checkpoint)}},
@@ -52,6 +71,7 @@ def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http
     assert "workers     2 (FLYSCALE_NPROC_PER_NODE=2)" in out
     assert f"started     from the Hugging Face checkpoint {checkpoint} (weights sha256" in out
     assert "tokenizer   pretrained, 257 ids" in out
+    assert "parameters  106,944, all trained" in out
     assert f"registered  {name} v1" in out
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
@@ -66,17 +86,48 @@ def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http
             served = json.loads(response.read())["predictions"]
     assert len(served) == 2 and all(served), served
 
-    exported = tmp_path / "exported"
-    written = subprocess.run(
-        [str(BIN / "flyscale"), "huggingface", "--model", name, "--version", "1", "--out", str(exported)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
-    )
-    assert written.returncode == 0, written.stderr[-2000:]
-    tokenizer = AutoTokenizer.from_pretrained(exported)
-    model = AutoModelForCausalLM.from_pretrained(exported).eval()
+    tokenizer, model = _export(name, tmp_path, mlflow_server)
     for prompt, answer in zip(PROMPTS, served):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         made_ids = model.generate(ids, max_new_tokens=12, do_sample=False)
         assert tokenizer.decode(made_ids[0, ids.shape[1] :]) == answer  # greedy: the same tokens
+
+
+def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged(
+    checkpoint, tmp_path, mlflow_server, monkeypatch
+):
+    """The same preset with model.options.lora: the summary counts the adapters, and what is
+    registered is a plain model with them merged in (transformers loads it without peft, and it
+    answers as the registered ONNX model does)."""
+    import mlflow
+
+    name = f"hf-lora-{uuid.uuid4().hex[:8]}"
+    mine = {
+        "model": {"options": {"path": str(checkpoint), "lora": {"r": 4, "alpha": 8}}},
+        "tokenize": {"tokenizer": str(checkpoint)},
+        "train": {"lr": 0.01},
+        "gate": [{"name": "min_metric", "options": {"metric": "perplexity", "threshold": 1000}}],
+        "mlflow": {"model_name": name},
+    }
+    proc = run_pipeline(
+        tmp_path,
+        "--cfg",
+        "configs/text-llama.yaml",
+        "--cfg",
+        json.dumps(mine),
+        env={"MLFLOW_TRACKING_URI": mlflow_server},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "parameters  1,792 of 108,736 trained (1.65%; the rest frozen)" in out
+    assert f"registered  {name} v1" in out
+
+    tokenizer, model = _export(name, tmp_path, mlflow_server)
+    assert not any("lora" in k for k in model.state_dict())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # where models:/ resolves, for this test only
+    served = mlflow.pyfunc.load_model(f"models:/{name}/1").predict(
+        PROMPTS, params={"max_new_tokens": 8, "temperature": 0.0}
+    )
+    for prompt, answer in zip(PROMPTS, served):
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        assert tokenizer.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]) == answer

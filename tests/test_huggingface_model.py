@@ -19,9 +19,15 @@ from flyscale.data import text
 from flyscale.data.tokenize import check_tokenizer, planned_info
 from flyscale.export import tiny_checkpoint
 from flyscale.export.onnx_pyfunc.generation import tokens_of
-from flyscale.model import build_model
+from flyscale.model import build_model, kept, parameter_counts
 from flyscale.tracking import start
-from flyscale.train import meta
+from flyscale.train import meta, trainer
+from flyscale.train.checkpoint import Checkpointer
+from flyscale.train.checkpoint_files import complete_checkpoints
+from flyscale.train.distributed import DistContext
+from flyscale.train.loop import Hooks
+from flyscale.train.state import Position, TrainState
+from flyscale.train.step import make_optimizer
 from flyscale.train.strategies import check_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -159,3 +165,61 @@ def test_the_checkpoints_tokenizer_makes_the_ids_and_the_served_model_reads_them
     assert 256 not in ids[1]  # the special token's text is text: only packing ends a document
     with pytest.raises(ValueError, match="is neither 'byte', 'bpe' nor a Hugging Face checkpoint"):
         text.load_pretrained(str(checkpoints["llama"] / "absent"))
+
+
+def _lora(path: Path) -> ModelConfig:
+    return ModelConfig(name="huggingface", options={"path": str(path), "lora": {"r": 4, "alpha": 8}})
+
+
+def test_lora_trains_and_checkpoints_only_the_adapters_and_merges_into_a_plain_model(checkpoints, tmp_path):
+    """What a LoRA run holds and hands on: the adapters are the only trained weights, the optimizer
+    state and each checkpoint hold only them (the frozen model comes back from the starting
+    weights), and the kept model is a plain transformers model with the adapters merged in."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    info, cfg = _tokens(), _lora(checkpoints["llama"])
+    weights = start.starting_weights(cfg, build_model(cfg, info, meta=True), info, tmp_path / "start", lambda: "")
+    assert weights is not None
+
+    def built() -> TrainState:
+        model = build_model(cfg, info)
+        return TrainState(model, make_optimizer(model, TrainConfig(lr=0.05)))
+
+    state = built()
+    state.load_start(weights.weights_path)
+    total, trained = parameter_counts(state.module)
+    assert 0 < trained < 0.05 * total
+    assert all("lora_" in n for n, p in state.module.named_parameters() if p.requires_grad)
+    ids = torch.randint(0, 257, (4, 33), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        state.optimizer.zero_grad()
+        logits = state.module(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.reshape(-1, 257), ids[:, 1:].reshape(-1)).backward()
+        state.optimizer.step()
+    assert sum(p.numel() for g in state.optimizer.param_groups for p in g["params"]) == trained
+    assert sum(s["exp_avg"].numel() for s in state.optimizer.state.values()) == trained
+
+    ckpt = Checkpointer(tmp_path / "ckpt", every_steps=1)
+    ckpt.save(state, Position(step=2), DistContext(), "fsdp")
+    saved = FileSystemReader(str(complete_checkpoints(ckpt.root)[-1] / "state")).read_metadata()
+    model_keys = [k for k in saved.state_dict_metadata if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys), model_keys
+    # A fresh attempt as training starts one: the starting weights, then the checkpoint over them.
+    again = built()
+    resumed = trainer._Run(
+        TrainConfig(), DistContext(), "fsdp", again, Hooks(checkpointer=ckpt, start=weights.weights_path)
+    )
+    resumed.start(steps_per_epoch=10)
+    assert resumed.history.resumed_from_step == 2
+    for (name, a), b in zip(state.module.state_dict().items(), again.module.state_dict().values()):
+        assert torch.equal(a, b), name
+
+    path = str(tmp_path / "trained.pt")
+    torch.save(state.module.state_dict(), path)
+    kept_cfg, kept_path = kept(cfg, info, path)
+    assert kept_cfg.options["lora"] is None
+    plain = build_model(kept_cfg, info)
+    plain.load_state_dict(torch.load(kept_path, weights_only=True))
+    assert not any("lora" in k for k in plain.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(plain.eval()(ids), state.module.eval()(ids), rtol=0, atol=1e-5)

@@ -55,6 +55,7 @@ ELSEWHERE = {
     "diabetes-regression": "tests/test_regression.py",
     "images-cnn": "tests/test_examples.py",
     "text-gpt-bpe": "tests/test_language_model_e2e.py",
+    "text-llama": "tests/test_huggingface_e2e.py",
     "search-digits": "tests/test_experiments_e2e.py",
     "scaling-digits": "tests/test_scaling_e2e.py",
     "scaling-text-gpt": "tests/test_scaling_e2e.py",

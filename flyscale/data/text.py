@@ -172,7 +172,8 @@ def load_pretrained(source: str) -> PretrainedTokenizer:
     except (OSError, ValueError) as exc:
         raise ValueError(
             f"tokenize.tokenizer {source!r} is neither 'byte', 'bpe' nor a Hugging Face checkpoint whose tokenizer "
-            f"loads (a folder with tokenizer.json, or a hub id where the machine is online): {exc}"
+            f"loads (a folder with tokenizer.json, or a hub id where the machine is online; `flyscale tiny-checkpoint "
+            f"llama --out DIR` makes a small random one): {exc}"
         ) from None
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is None:

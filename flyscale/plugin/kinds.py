@@ -41,6 +41,8 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "pretrained": ["options"],
         "from_huggingface": ["options", "info", "directory"],
         "tokenizer": ["options"],
+        # The trained model as it is kept (LoRA's adapters merged into the weights), and its options.
+        "merged": ["options", "model"],
     },
     "gates": {"reads": ["options"]},
     "objectives": {

@@ -59,6 +59,8 @@ class RunSummary:
     test_data: str = ""  # the test data against the champion's
     resumed: str = ""  # where training resumed from after a restart or retry ("" = it ran through)
     started_from: str = ""  # the weights training started from (model.init_from); "" = fresh ones
+    parameters: int = 0  # the model's (0: not known)
+    trained_parameters: int = 0  # of those, the ones training updated
     stopping: str = ""  # what early stopping did: the epoch kept and why training stopped ("" = off)
     diagnosis: str = ""  # what held training back (input- or communication-bound) and the knob; "" = nothing
     workers: str = ""  # how many workers trained, and why that many ("" = not said)
@@ -85,6 +87,8 @@ class RunSummary:
             resumed=resumed(c.history),
             stopping=c.history.stopping,
             started_from=c.history.started_from,
+            parameters=c.history.parameters,
+            trained_parameters=c.history.trained_parameters,
             diagnosis=c.history.diagnosis,
             workers=c.history.workers,
             tokens=c.tokens,
@@ -170,6 +174,14 @@ class RunSummary:
         ]
         if self.workers:
             lines.append(f"  workers     {self.workers}")
+        if self.parameters:
+            trained = self.trained_parameters
+            lines.append(
+                f"  parameters  {self.parameters:,}, all trained"
+                if trained == self.parameters
+                else f"  parameters  {trained:,} of {self.parameters:,} trained ({100 * trained / self.parameters:.2f}%; "
+                f"the rest frozen)"
+            )
         if self.resumed:
             lines.append(f"  training    {self.resumed}")
         if self.started_from:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flyscale import settings
-from flyscale.config import PipelineConfig, QuantizeConfig, effective, flatten
+from flyscale.config import ModelConfig, PipelineConfig, QuantizeConfig, effective, flatten
 from flyscale.data.reference import Profile, reference_json
 from flyscale.data.source import DataFingerprint
 from flyscale.data.tokenize import TokenStats
@@ -94,6 +94,13 @@ class Candidate:
     served_levels: list[dict] = field(default_factory=list)  # a row per concurrency level
     served_metrics: dict[str, float] = field(default_factory=dict)  # served_c<k>_latency_p99_ms, ...
     served_plots_dir: str = ""
+    # The model the weights are of, where training handed on another than cfg.model (LoRA's
+    # adapters merged: the same architecture without them); None: cfg.model.
+    trained_model: ModelConfig | None = None
+
+    def model(self) -> ModelConfig:
+        """What rebuilds the registered weights."""
+        return self.trained_model or self.cfg.model
 
 
 def register(candidate: Candidate, publish: bool) -> Registration:
@@ -102,10 +109,10 @@ def register(candidate: Candidate, publish: bool) -> Registration:
     c, cfg = candidate, candidate.cfg
     limits = cfg.serving.limits()  # what one request may ask of the served model
     fp32 = model_log.ModelFiles(
-        c.weights_path, spec_json(cfg.model, c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, limits=limits
+        c.weights_path, spec_json(c.model(), c.info, None, cfg.objective), c.tokenizer_json, c.onnx_path, limits=limits
     )
     quantizer = cfg.quantize if c.int8_quantizer in ("", cfg.quantize.name) else QuantizeConfig(name=c.int8_quantizer)
-    int8_spec = spec_json(cfg.model, c.info, quantizer, cfg.objective)
+    int8_spec = spec_json(c.model(), c.info, quantizer, cfg.objective)
     int8 = (  # an ONNX quantizer's int8 file is served alone; the fp32 weights ride along to fine-tune
         model_log.ModelFiles(c.weights_path, int8_spec, c.tokenizer_json, c.int8_weights_path, limits=limits)
         if c.int8_format == "onnx"

@@ -57,8 +57,10 @@ class TrainState:
             tensor.copy_(self.best[name])
 
     def signature(self) -> list[list]:
-        """[name, shape, dtype] of every tensor in the module's state: what 'the same model' means."""
-        return [[k, list(v.shape), str(v.dtype)] for k, v in self.module.state_dict().items()]
+        """[name, shape, dtype] of every tensor in the module's state a checkpoint holds (all but
+        frozen parameters, see `_trained_only`): what 'the same model' means."""
+        frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return [[k, list(v.shape), str(v.dtype)] for k, v in self.module.state_dict().items() if k not in frozen]
 
     def sharded_state(self) -> dict[str, Any]:
         """The model's and the optimizer's tensors as torch.distributed.checkpoint saves and loads
@@ -67,7 +69,7 @@ class TrainState:
         that is not a tensor from one rank only, and a pipeline stage's groups are its own."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optimizer = get_state_dict(self.module, self.optimizer)
+        model, optimizer = get_state_dict(self.module, self.optimizer, options=_trained_only())
         state: dict[str, Any] = {"model": model, "optimizer": {"state": optimizer["state"]}}
         if self.best is not None:
             state["best"] = self.best  # DCP loads it in place, resharded like the model
@@ -76,9 +78,16 @@ class TrainState:
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        _, current = get_state_dict(self.module, self.optimizer)  # its groups, by name, as set_state_dict wants
+        # its groups, by name, as set_state_dict wants
+        _, current = get_state_dict(self.module, self.optimizer, options=_trained_only())
         optimizer = {"state": state["optimizer"]["state"], "param_groups": current["param_groups"]}
-        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=optimizer)
+        set_state_dict(
+            self.module,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=optimizer,
+            options=_trained_only(),
+        )
 
     def schedule_state(self) -> dict[str, Any]:
         """The optimizer's hyperparameters (the scheduled lr among them), the LR scheduler's and
@@ -150,3 +159,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def _tuples(value):
     # random.setstate wants the tuples it gave; a round trip may hand back lists.
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _trained_only():
+    """A checkpoint holds what trains: a frozen weight (LoRA's base model) never changes, and comes
+    back from the starting weights (`load_start`) on every attempt. Loading is not strict about
+    the frozen ones it lacks; what it holds was checked against the model before any load
+    (checkpoint_choice.same_model)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)

@@ -55,7 +55,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, world_size: int = 1) -> t
     (foreach) form makes several, and on a compute-bound 10M-parameter MLP on CPU it costs about a
     fifth of every step (benchmarks/bench_compute.py).
     """
-    params = list(model.parameters())
+    # Only what trains: a frozen weight (LoRA's base model) gets no gradient, and no optimizer state.
+    params = [p for p in model.parameters() if p.requires_grad]
     fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype.is_floating_point for p in params)
     return torch.optim.AdamW(
         params, lr=effective_lr(cfg, world_size), weight_decay=cfg.weight_decay, fused=fused or None

@@ -95,6 +95,8 @@ class TrainHistory:
     # first epoch of this attempt, when all three exist); empty where the strategy gave no TrainState.
     state_mb: list[float] = field(default_factory=list)
     workers: str = ""  # how many workers trained, and how that count was chosen, in one line
+    parameters: int = 0  # the model's, each counted once
+    trained_parameters: int = 0  # of those, the ones training updates (LoRA: the adapters')
 
 
 def state_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None) -> int:

@@ -90,6 +90,14 @@ class _Run:
         cfg, ctx, state, ckpt, history = self.cfg, self.ctx, self.state, self.ckpt, self.history
         if self.hooks.checkpointer is not None and state is None and ctx.is_main:
             log.warning("strategy %r hands fit no TrainState: this run keeps no checkpoints", self.strategy)
+        if self.hooks.start:
+            if state is None:
+                raise ValueError(
+                    f"model.init_from needs the strategy to hand fit its TrainState; {self.strategy!r} does not"
+                )
+            # Before any checkpoint: one overwrites what it holds, and it holds no frozen weight
+            # (LoRA's base model), which comes from the starting weights on every attempt.
+            state.load_start(self.hooks.start)
         if ckpt is not None and state is not None:
             found = ckpt.restore(state, ctx, self.strategy)
             if found is not None:
@@ -107,12 +115,6 @@ class _Run:
                 f"train.early_stopping needs the strategy to hand fit its TrainState, to keep the best epoch's "
                 f"weights; strategy {self.strategy!r} does not"
             )
-        if self.hooks.start and not history.resumed_from:
-            if state is None:
-                raise ValueError(
-                    f"model.init_from needs the strategy to hand fit its TrainState; {self.strategy!r} does not"
-                )
-            state.load_start(self.hooks.start)
         self.steps_per_epoch = steps_per_epoch
         self.done = self.position.step
         # Where the ranks agree whether a checkpoint is due by time and whether a signal stops them.
