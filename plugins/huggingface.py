@@ -23,9 +23,9 @@ the meta device is materialised as every flyscale model is.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,7 +56,7 @@ class LoraOptions:
     starts from the checkpoint's own function."""
 
     r: int = 8  # the adapters' rank
-    alpha: float = 16.0  # their scale is alpha / r
+    alpha: int = 16  # their scale is alpha / r
     dropout: float = 0.0  # on the adapters' input, while training
     # The Linear layers adapted, by the last part of their name (a Llama's q_proj, v_proj); empty:
     # peft's default for the architecture (its attention's query and value projections).
@@ -65,8 +65,8 @@ class LoraOptions:
     def __post_init__(self):
         if isinstance(self.r, bool) or self.r < 1:
             raise ValueError(f"lora.r must be a whole number >= 1, got {self.r!r}")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
+        if isinstance(self.alpha, bool) or self.alpha < 1:
+            raise ValueError(f"lora.alpha must be a whole number >= 1, got {self.alpha!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 

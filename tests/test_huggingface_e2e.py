@@ -33,6 +33,24 @@ def checkpoint(tmp_path_factory):
     return out
 
 
+def _fine_tune(prefix: str, checkpoint, tmp_path, uri: str, more: dict | None = None) -> tuple[str, str]:
+    """`pyflyte run ... --cfg configs/text-llama.yaml` on `checkpoint` (and `more`, merged last);
+    the registered name and the output. It must succeed."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    mine = {
+        "model": {"options": {"path": str(checkpoint)}},
+        "tokenize": {"tokenizer": str(checkpoint)},
+        "mlflow": {"model_name": name},
+    }
+    args = ["--cfg", "configs/text-llama.yaml", "--cfg", json.dumps(mine)]
+    if more:
+        args += ["--cfg", json.dumps(more)]
+    proc = run_pipeline(tmp_path, *args, env={"MLFLOW_TRACKING_URI": uri}, timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    return name, out
+
+
 def _export(name: str, tmp_path, uri: str):
     """The registered version 1 of `name` written out by `flyscale huggingface`, loaded by transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,23 +69,7 @@ def _export(name: str, tmp_path, uri: str):
 def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http(
     checkpoint, tmp_path, mlflow_server, serving_envs, monkeypatch
 ):
-    name = f"hf-llama-{uuid.uuid4().hex[:8]}"
-    mine = {
-        "model": {"options": {"path": str(checkpoint)}},
-        "tokenize": {"tokenizer": str(checkpoint)},
-        "mlflow": {"model_name": name},
-    }
-    proc = run_pipeline(
-        tmp_path,
-        "--cfg",
-        "configs/text-llama.yaml",
-        "--cfg",
-        json.dumps(mine),
-        env={"MLFLOW_TRACKING_URI": mlflow_server},
-        timeout=900,
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-5000:]
+    name, out = _fine_tune("hf-llama", checkpoint, tmp_path, mlflow_server)
     assert "workers     2 (FLYSCALE_NPROC_PER_NODE=2)" in out
     assert f"started     from the Hugging Face checkpoint {checkpoint} (weights sha256" in out
     assert "tokenizer   pretrained, 257 ids" in out
@@ -101,24 +103,12 @@ def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged
     answers as the registered ONNX model does)."""
     import mlflow
 
-    name = f"hf-lora-{uuid.uuid4().hex[:8]}"
-    mine = {
-        "model": {"options": {"path": str(checkpoint), "lora": {"r": 4, "alpha": 8}}},
-        "tokenize": {"tokenizer": str(checkpoint)},
+    lora = {
+        "model": {"options": {"lora": {"r": 4, "alpha": 8}}},
         "train": {"lr": 0.01},
         "gate": [{"name": "min_metric", "options": {"metric": "perplexity", "threshold": 1000}}],
-        "mlflow": {"model_name": name},
     }
-    proc = run_pipeline(
-        tmp_path,
-        "--cfg",
-        "configs/text-llama.yaml",
-        "--cfg",
-        json.dumps(mine),
-        env={"MLFLOW_TRACKING_URI": mlflow_server},
-    )
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-5000:]
+    name, out = _fine_tune("hf-lora", checkpoint, tmp_path, mlflow_server, lora)
     assert "parameters  1,792 of 108,736 trained (1.65%; the rest frozen)" in out
     assert f"registered  {name} v1" in out
 
