@@ -107,7 +107,7 @@ def from_huggingface(
     try:
         state = read(r.options, info, checkpoint)
     except (OSError, ValueError) as exc:
-        raise StartError(f"the Hugging Face checkpoint {checkpoint!r} could not be read: {exc}") from None
+        raise StartError(f"the Hugging Face checkpoint {checkpoint!r} cannot start this model: {exc}") from None
     into.mkdir(parents=True, exist_ok=True)
     path = into / "weights.pt"
     torch.save(state, path)
