@@ -9,6 +9,7 @@ from benchmarks import (
     bench_ddp,
     bench_fsdp,
     bench_gpt,
+    bench_huggingface,
     bench_images,
     bench_onnx,
     bench_overhead,
@@ -42,6 +43,7 @@ if __name__ == "__main__":
         bench_images,
         bench_text,
         bench_gpt,
+        bench_huggingface,
         bench_search,
     ):
         bench.main()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,7 +183,11 @@ def _with_lora(hf: nn.Module, task: str, lora: LoraOptions | None) -> nn.Module:
         r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules or None, **head
     )
     try:
-        return get_peft_model(hf, config)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated `is_gradient_checkpointing` as it wraps a model:
+            # nothing of the user's to change.
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
+            return get_peft_model(hf, config)
     except ValueError as exc:  # peft names the modules it could not find
         raise ValueError(f"model.options.lora: {exc}") from None
 

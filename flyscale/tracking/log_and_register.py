@@ -131,7 +131,12 @@ def _publish(
             )
             if not register:
                 failed = "; ".join(f"{v.name}: {v.reason}" for v in record.verdicts if not v.passed)
-                promotion = Promotion(False, f"not registered: a gate failed ({failed})")
+                promotion = Promotion(
+                    False,
+                    f"not registered: a gate failed ({failed})"
+                    if failed
+                    else "not registered: no gate is configured (gate: []), and only a judged model is published",
+                )
             elif other:
                 promotion = Promotion(False, f"not registered: {other}")
             else:
