@@ -139,7 +139,7 @@ CASES = [
         [
             "model.name: model plugin 'acme_broken' from package 'acme-flyscale-example'",
             "acme-cuda-kernels",
-            "Other models: acme_bn_mlp, acme_gated, acme_linear, acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, mlp",
+            "Other models: acme_bn_mlp, acme_gated, acme_linear, acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, huggingface, mlp",
         ],
     ),
     (
@@ -148,7 +148,7 @@ CASES = [
         "{}",
         [
             "model.name: unknown model 'resnet9000'; available: acme_bn_mlp, acme_broken, acme_gated, acme_linear, "
-            "acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, mlp",
+            "acme_no_build, acme_residual, acme_running_max, acme_tiny_mlp, cnn, gpt, huggingface, mlp",
         ],
     ),
     (
