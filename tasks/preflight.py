@@ -12,7 +12,6 @@ from typing import NamedTuple
 from flytekit import task
 from flytekit.core.task import TaskPlugins
 from flytekit.types.file import FlyteFile
-from torch import nn
 
 from flyscale.cluster.launcher_settings import (
     launcher_environment,
@@ -106,26 +105,21 @@ def check_model(
         default = default_model_name(data_cfg.dataset, objective.name, natural)
         candidate = kind.ModelKind.of(info, objective.name)
         kind.check(mlflow_cfg, candidate, default if default != mlflow_cfg.model_name else "")
+    # What training starts from (model.init_from, or the checkpoint a pretrained model names),
+    # fetched now (an alias may have moved since the last run) and held to this model.
+    fetched = start.starting_weights(
+        model_cfg, model, info, Path(tempfile.mkdtemp(prefix="flyscale-start-")), tracking_uri
+    )
     return ModelCheck(
         model=model_cfg.name,
         strategy=cfg.strategy,
         world_size=world_size,
         parameters=sum(p.numel() for p in model.parameters()),
         layers=[type(m).__name__ for m in model.children()],
-        start=_start_weights(model_cfg, model, info),
+        start=StartWeights(FlyteFile(fetched.weights_path), fetched.sha256, fetched.source)
+        if fetched
+        else StartWeights(),
     )
-
-
-def _start_weights(model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo) -> StartWeights:
-    """The weights model.init_from names (fetched now: an alias may have moved since the last
-    run), or else those of the pretrained checkpoint the model plugin starts from, held to the
-    model this run builds."""
-    fetched = start.starting_weights(
-        model_cfg, model, info, Path(tempfile.mkdtemp(prefix="flyscale-start-")), tracking_uri
-    )
-    if fetched is None:
-        return StartWeights()
-    return StartWeights(FlyteFile(fetched.weights_path), fetched.sha256, fetched.source)
 
 
 class Checked(NamedTuple):

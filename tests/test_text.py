@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flyscale.data import example_checks, text
+from flyscale.data import example_checks, text, tokenize
 from flyscale.plugin import registry
 from flyscale_plugins import text as text_plugins
 from flyscale_plugins.text import TextOptions
@@ -141,9 +141,9 @@ def test_pack_yields_blocks_as_they_fill():
 
 
 def test_unigram_entropy_is_in_bits_a_token():
-    assert text.unigram_entropy_bits(np.array([1, 1, 1, 1])) == pytest.approx(2.0)
-    assert text.unigram_entropy_bits(np.array([0, 1, 1, 2])) == pytest.approx(1.5)
-    assert text.unigram_entropy_bits(np.array([0, 7, 0])) == 0.0
+    assert tokenize.unigram_entropy_bits(np.array([1, 1, 1, 1])) == pytest.approx(2.0)
+    assert tokenize.unigram_entropy_bits(np.array([0, 1, 1, 2])) == pytest.approx(1.5)
+    assert tokenize.unigram_entropy_bits(np.array([0, 7, 0])) == 0.0
 
 
 def _examples(plugin, options) -> list[dict]:

@@ -253,11 +253,3 @@ def pack(token_arrays: Iterable[np.ndarray], seq_len: int, eot: int) -> Iterator
     """The documents as sequences (k, seq_len), in blocks (`Packer.pack`; a Packer also counts
     the tail it drops)."""
     return Packer(seq_len, eot).pack(token_arrays)
-
-
-def unigram_entropy_bits(counts: np.ndarray) -> float:
-    """The entropy of a token count vector, in bits a token: the loss (in bits) of a model that
-    predicts each token without looking at any before it."""
-    p = np.asarray(counts, dtype="float64")
-    p = p[p > 0] / max(p.sum(), 1)
-    return float(-(p * np.log2(p)).sum())

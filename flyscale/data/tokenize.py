@@ -56,6 +56,14 @@ class TokenStats:
         ]
 
 
+def unigram_entropy_bits(counts: np.ndarray) -> float:
+    """The entropy of a token count vector, in bits a token: the loss (in bits) of a model that
+    predicts each token without looking at any before it."""
+    p = np.asarray(counts, dtype="float64")
+    p = p[p > 0] / max(p.sum(), 1)
+    return float(-(p * np.log2(p)).sum())
+
+
 def _documents(split: Shards, info: DatasetInfo) -> Iterator[list[str]]:
     """A split's documents, a row group at a time."""
     name = info.input_field
@@ -68,10 +76,10 @@ def make_tokenizer(train: Shards, info: DatasetInfo, cfg: TokenizeConfig) -> tex
     checkpoint's own."""
     if cfg.tokenizer == "byte":
         return text.ByteTokenizer()
-    if cfg.tokenizer != "bpe":
-        return text.load_pretrained(cfg.tokenizer)
-    docs = (d for batch in _documents(train, info) for d in batch)
-    return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
+    if cfg.tokenizer == "bpe":
+        docs = (d for batch in _documents(train, info) for d in batch)
+        return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
+    return text.load_pretrained(cfg.tokenizer)
 
 
 def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq_len: int) -> DatasetInfo:
@@ -167,6 +175,6 @@ def tokenize(
     for name, split in splits.items():
         out[name], counts = pack_split(split, name, info, tokenizer, cfg.seq_len, stats)
         if name == "train":
-            stats.unigram_entropy_bits = text.unigram_entropy_bits(counts)
+            stats.unigram_entropy_bits = unigram_entropy_bits(counts)
     log.info("tokenized (%s, %d ids): %s", tokenizer.name, tokenizer.vocab_size, stats.sequences)
     return out, sequences_info(info, tokenizer, cfg.seq_len), tokenizer.to_json(), stats
