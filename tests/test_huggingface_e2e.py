@@ -121,3 +121,36 @@ def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged
     for prompt, answer in zip(PROMPTS, served):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         assert tokenizer.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]) == answer
+
+
+def test_an_image_classifier_checkpoint_fine_tunes_on_the_image_preset(tmp_path, mlflow_server):
+    """A ViT saved by `flyscale tiny-checkpoint vit` on the shapes preset's images (made smaller),
+    under fsdp: its weights start the run, ONNX answers as PyTorch does, and it is registered."""
+    vit = tmp_path / "tiny-vit"
+    made = subprocess.run(
+        [str(BIN / "flyscale"), "tiny-checkpoint", "vit", "--labels", "4", "--image-size", "16", "--out", str(vit)],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    name = f"hf-vit-{uuid.uuid4().hex[:8]}"
+    mine = {
+        "data": {"options": {"rows": 400, "size": 16}},
+        "model": {"name": "huggingface", "options": {"path": str(vit)}},
+        "train": {"epochs": 1, "strategy": "fsdp"},
+        "gate": [{"name": "min_metric", "options": {"threshold": 0.0}}],
+        "mlflow": {"model_name": name},
+    }
+    proc = run_pipeline(
+        tmp_path,
+        "--cfg",
+        "configs/images-cnn.yaml",
+        "--cfg",
+        json.dumps(mine),
+        env={"MLFLOW_TRACKING_URI": mlflow_server},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert f"started     from the Hugging Face checkpoint {vit} (weights sha256" in out
+    assert "the same prediction on every one: artifact onnx/model.onnx" in out
+    assert f"registered  {name} v1" in out
