@@ -47,11 +47,11 @@ def kept(cfg: ModelConfig, info: DatasetInfo, path: str) -> tuple[ModelConfig, s
     evaluation, export, serving and the registry see a plain model. Otherwise `cfg` and `path`."""
     r = cfg.plugin
     merge = r.method("merged")
-    if merge is None:
+    # Asked first of the model on the meta device: the same options back is nothing to merge,
+    # and the weights (a large model's, in this process) are never loaded for nothing.
+    if merge is None or merge(r.options, build_model(cfg, info, meta=True))[0] == r.options:
         return cfg, path
     options, model = merge(r.options, load_state(build_model(cfg, info), path))
-    if options == r.options:
-        return cfg, path
     return ModelConfig(name=cfg.name, options=dataclasses.asdict(options), init_from=cfg.init_from), save_state(
         as_module(model, f"model {cfg.name!r}: merged()"), "model.pt"
     )

@@ -279,7 +279,8 @@ class HuggingFace:
     def merged(self, options: HuggingFaceOptions, model: HuggingFaceModel) -> tuple[HuggingFaceOptions, nn.Module]:
         """The trained model as it is kept: LoRA's adapters merged into the weights they adapt (a
         plain transformers model, served and exported without peft), and the options that build
-        it; without LoRA, both as they are."""
+        it; without LoRA, both as they are (decided on the options: flyscale asks with the model
+        on the meta device first)."""
         if options.lora is None:
             return options, model
         hf: Any = model.hf  # a peft PeftModel
