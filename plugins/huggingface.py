@@ -81,6 +81,9 @@ class HuggingFaceOptions:
     # Fine-tune low-rank adapters only (peft's LoRA), merged into the weights when training ends;
     # none: every weight trains.
     lora: LoraOptions | None = None
+    # config.json's content, which a registered model carries (`portable`) so that it rebuilds
+    # where the checkpoint's folder is not; empty: read from `path`.
+    config: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.path.strip():
@@ -92,6 +95,16 @@ class HuggingFaceOptions:
             raise ValueError(
                 f"model.options.task must be one of {', '.join(TASKS)} (or '' for config.json's), got {self.task!r}"
             )
+
+
+def _config_of(options: HuggingFaceOptions):
+    """The checkpoint's config: the one the options carry, else its folder's config.json."""
+    if options.config:
+        from transformers import AutoConfig
+
+        given = dict(options.config)
+        return AutoConfig.for_model(given.pop("model_type"), **given)
+    return _config(options.path)
 
 
 @functools.lru_cache(maxsize=8)
@@ -115,7 +128,7 @@ def task_of(options: HuggingFaceOptions) -> str:
     """The task the options name, or the one config.json's architecture says."""
     if options.task:
         return options.task
-    names = list(getattr(_config(options.path), "architectures", None) or [])
+    names = list(getattr(_config_of(options), "architectures", None) or [])
     for name in names:
         for suffix, task in SUFFIXES.items():
             if name.endswith(suffix):
@@ -248,11 +261,16 @@ class HuggingFace:
         """The checkpoint's architecture with fresh weights (on the meta device when the caller
         builds there); training starts from the checkpoint's weights (`pretrained`)."""
         task = task_of(options)
-        config = _config(options.path)
+        config = _config_of(options)
         _check_fits(options, task, config, info)
         hf = auto_class(task).from_config(config)
         _give_reset_parameters(hf)
         return HuggingFaceModel(_with_lora(hf, task, options.lora), task)
+
+    def portable(self, options: HuggingFaceOptions) -> HuggingFaceOptions:
+        """The options with config.json's content in them: what a registered model's spec holds,
+        so that it rebuilds without the checkpoint's folder."""
+        return dataclasses.replace(options, config=_config_of(options).to_dict())
 
     def pretrained(self, options: HuggingFaceOptions) -> str:
         """Where the weights training starts from are, unless model.init_from names others."""

@@ -223,3 +223,22 @@ def test_lora_trains_and_checkpoints_only_the_adapters_and_merges_into_a_plain_m
     assert not any("lora" in k for k in plain.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(plain.eval()(ids), state.module.eval()(ids), rtol=0, atol=1e-5)
+
+
+def test_a_registered_spec_rebuilds_the_model_without_the_checkpoints_folder(tmp_path):
+    import shutil
+
+    from flyscale.model import save_state
+    from flyscale.tracking.model_spec import build, spec_json
+
+    folder = tiny_checkpoint.make("llama", tmp_path / "gone", seed=2)
+    info, cfg = _tokens(), _model(folder)
+    torch.manual_seed(0)
+    model = build_model(cfg, info).eval()
+    spec, weights = json.loads(spec_json(cfg, info, None)), save_state(model, "m.pt")
+    shutil.rmtree(folder)
+    assert spec["model"]["options"]["config"]["model_type"] == "llama"
+    rebuilt = build(spec, weights)
+    ids = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(ids), model(ids), rtol=0, atol=0)

@@ -43,6 +43,9 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
         "tokenizer": ["options"],
         # The trained model as it is kept (LoRA's adapters merged into the weights), and its options.
         "merged": ["options", "model"],
+        # The options as a registered model keeps them: all it needs to rebuild where the files it
+        # was built from are not (a checkpoint's config.json).
+        "portable": ["options"],
     },
     "gates": {"reads": ["options"]},
     "objectives": {

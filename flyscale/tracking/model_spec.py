@@ -27,9 +27,12 @@ def spec_json(
 ) -> str:
     """What rebuilds the architecture: plain JSON, written by the register task."""
     objective = objective_cfg or ObjectiveConfig()
+    r = model_cfg.plugin
+    portable = r.method("portable")  # options that rebuild the model without the files it came from
+    options = asdict(portable(r.options)) if portable is not None else model_cfg.options
     return json.dumps(
         {
-            "model": {"name": model_cfg.name, "options": model_cfg.options},
+            "model": {"name": model_cfg.name, "options": options},
             "info": asdict(info),
             "objective": {"name": objective.name, "options": objective.options},
             "quantizer": None if quantize_cfg is None else {"name": quantize_cfg.name, "options": quantize_cfg.options},
