@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
 import uuid
 
@@ -95,14 +96,10 @@ def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http
         assert tokenizer.decode(made_ids[0, ids.shape[1] :]) == answer  # greedy: the same tokens
 
 
-def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged(
-    checkpoint, tmp_path, mlflow_server, monkeypatch
-):
+def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged(checkpoint, tmp_path, mlflow_server):
     """The same preset with model.options.lora: the summary counts the adapters, and what is
     registered is a plain model with them merged in (transformers loads it without peft, and it
     answers as the registered ONNX model does)."""
-    import mlflow
-
     lora = {
         "model": {"options": {"lora": {"r": 4, "alpha": 8}}},
         "train": {"lr": 0.01},
@@ -114,10 +111,21 @@ def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged
 
     tokenizer, model = _export(name, tmp_path, mlflow_server)
     assert not any("lora" in k for k in model.state_dict())
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # where models:/ resolves, for this test only
-    served = mlflow.pyfunc.load_model(f"models:/{name}/1").predict(
-        PROMPTS, params={"max_new_tokens": 8, "temperature": 0.0}
+    # The registered version loaded as a user loads it, in a process of its own: this one's MLflow
+    # may point at another store (a test before it set it).
+    load = (
+        "import json, sys, mlflow; model = mlflow.pyfunc.load_model(sys.argv[1]); "
+        "print(json.dumps(model.predict(json.loads(sys.argv[2]), params={'max_new_tokens': 8, 'temperature': 0.0})))"
     )
+    loaded = subprocess.run(
+        [sys.executable, "-c", load, f"models:/{name}/1", json.dumps(PROMPTS)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
+        timeout=300,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    served = json.loads(loaded.stdout.strip().splitlines()[-1])
     for prompt, answer in zip(PROMPTS, served):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         assert tokenizer.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]) == answer
