@@ -30,6 +30,8 @@ OPTIONAL_METHODS: dict[str, dict[str, list[str]]] = {
     },
     "strategies": {
         "check": ["model", "cfg", "options", "world_size"],
+        # How many data-parallel replicas share the global batch (hybrid: the mesh's dp).
+        "replicas": ["options", "world_size"],
         # The older form: the strategy trains by itself (see StrategyPlugin).
         "__call__": ["model", "data", "cfg", "ctx", "options", "hooks"],
     },

@@ -73,9 +73,17 @@ class Resolved:
 
     def method(self, name: str) -> Any:
         """An optional method of the plugin (its kind's OPTIONAL_METHODS), or None when it has none."""
-        if name not in OPTIONAL_METHODS.get(self.kind, {}):
-            raise KeyError(f"{name!r} is not an optional method of {self.kind}")
-        return getattr(self.plugin, name, None)
+        return optional_method(self.kind, self.plugin, name)
+
+
+def optional_method(kind: str, plugin: Any, name: str) -> Any:
+    """A method a plugin of `kind` may leave out (its OPTIONAL_METHODS, or a Protocol method it may
+    replace by its ALTERNATIVES), or None when `plugin` has none: the one reader of such methods,
+    for code handed a plugin object rather than a config (a strategy passed to the trainer)."""
+    if name not in OPTIONAL_METHODS.get(kind, {}) and name not in ALTERNATIVES.get(kind, {}):
+        raise KeyError(f"{name!r} is not an optional method of {kind}")
+    found = getattr(plugin, name, None)
+    return found if callable(found) else None
 
 
 def _singular(kind: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from flyscale.config import TrainConfig
+from flyscale.plugin.registry import optional_method
 from flyscale.plugin.strategy_protocol import StrategyTraits as StrategyTraits  # the record, for callers of this module
 from flyscale.plugin.strategy_protocol import fixed_workers as fixed_workers
 from flyscale.plugin.strategy_protocol import traits_of
@@ -22,14 +23,14 @@ def strategy(cfg: TrainConfig) -> tuple[Any, Any]:
 
 def parallelizes(strategy: Any) -> bool:
     """Whether `strategy` is a model transform (`parallelize`), not the older training function."""
-    return callable(getattr(strategy, "parallelize", None))
+    return optional_method("strategies", strategy, "parallelize") is not None
 
 
 def replicas(strategy: Any, options: Any, world_size: int) -> int:
     """How many data-parallel replicas share the global batch of `world_size` workers: the
     strategy's `replicas(options, world_size)` where it has one (hybrid: the mesh's dp), else every
     worker (`per_worker_batch`, ddp and fsdp) or one (the pipeline, whose stages see one batch)."""
-    method = getattr(strategy, "replicas", None)
+    method = optional_method("strategies", strategy, "replicas")
     if method is not None:
         return int(method(options, world_size))
     return world_size if traits_of(strategy).per_worker_batch else 1
@@ -40,7 +41,7 @@ def any_worker_count(cfg: TrainConfig) -> bool:
     the same global batch (ddp, fsdp: every worker takes its share of each batch), so that
     FLYSCALE_NPROC_PER_NODE=auto may choose the count. Not a pipeline's stages or a mesh."""
     fn = cfg.plugin.plugin
-    return traits_of(fn).per_worker_batch and getattr(fn, "replicas", None) is None and cfg.workers() is None
+    return traits_of(fn).per_worker_batch and cfg.plugin.method("replicas") is None and cfg.workers() is None
 
 
 def wants_meta_model(cfg: TrainConfig) -> bool:
@@ -67,6 +68,6 @@ def check_model(model: nn.Module, cfg: TrainConfig, world_size: int) -> None:
         step.checkpointable(model)
     if wants_meta_model(cfg):  # it will materialise the layers from the meta device
         meta.check_materialisable(model)
-    check = getattr(cfg.plugin.plugin, "check", None)
+    check = cfg.plugin.method("check")
     if check is not None:
         check(model, cfg, cfg.plugin.options, world_size)
