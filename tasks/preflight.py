@@ -37,7 +37,7 @@ from flyscale.data.shards import Shards
 from flyscale.data.tokenize import check_tokenizer, planned_info
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
-from flyscale.model import build_model
+from flyscale.model import build_model, parameter_counts
 from flyscale.plugin.records import DatasetInfo
 from flyscale.tracking import kind, start
 from flyscale.tracking.store import tracking_uri
@@ -114,7 +114,7 @@ def check_model(
         model=model_cfg.name,
         strategy=cfg.strategy,
         world_size=world_size,
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=parameter_counts(model)[0],
         layers=[type(m).__name__ for m in model.children()],
         start=StartWeights(FlyteFile(fetched.weights_path), fetched.sha256, fetched.source)
         if fetched

@@ -69,15 +69,16 @@ class BpeTokenizer:
 
     name = "bpe"
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, eot: int | None = None):
         self._tok = tokenizer
         # A document that quotes "<|endoftext|>" gets its characters, never the id: only packing
         # ends documents (as the byte-level tokenizer does; the setting is not part of the JSON).
         tokenizer.encode_special_tokens = True
         self.vocab_size = tokenizer.get_vocab_size()
-        eot = tokenizer.token_to_id(EOT)
-        if eot is None:
-            raise ValueError(f"a BPE tokenizer for flyscale must have the special token {EOT}")
+        if eot is None:  # flyscale's own BPE: its end of text is <|endoftext|>
+            eot = tokenizer.token_to_id(EOT)
+            if eot is None:
+                raise ValueError(f"a BPE tokenizer for flyscale must have the special token {EOT}")
         self.eot = eot
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
@@ -124,32 +125,24 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     return out
 
 
-class PretrainedTokenizer:
+class PretrainedTokenizer(BpeTokenizer):
     """A Hugging Face checkpoint's own tokenizer (any model its tokenizer.json holds: BPE,
-    WordPiece, Unigram), with the checkpoint's end-of-sequence token ending each document."""
+    WordPiece, Unigram), encoded and decoded as flyscale's BPE is, with the checkpoint's
+    end-of-sequence token ending each document. Encoding adds none of the special tokens a
+    checkpoint's post-processor would (a beginning-of-sequence id): packing places the
+    end-of-text id itself."""
 
     name = "pretrained"
 
     def __init__(self, tokenizer_json: str, eot: int, source: str):
         from tokenizers import Tokenizer as HFTokenizer
 
-        self._json, self.eot, self.source = tokenizer_json, eot, source
-        self._tok = HFTokenizer.from_str(tokenizer_json)
-        self._tok.encode_special_tokens = True  # as BpeTokenizer: only packing ends documents
-        self.vocab_size = self._tok.get_vocab_size()
+        super().__init__(HFTokenizer.from_str(tokenizer_json), eot)
+        self._json, self.source = tokenizer_json, source
         if not 0 <= eot < self.vocab_size:
             raise ValueError(
                 f"the tokenizer of {source} has {self.vocab_size} ids; its end-of-text id {eot} is not one"
             )
-
-    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's ids, without the special tokens a checkpoint's post-processor adds (a
-        beginning-of-sequence id): packing puts the end-of-text id between documents itself."""
-        encodings = self._tok.encode_batch_fast(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype="int32") for e in encodings]
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def to_json(self) -> str:
         """The checkpoint's tokenizer.json, with the end-of-text id (which tokenizer.json alone does

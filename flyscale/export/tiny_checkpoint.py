@@ -11,7 +11,6 @@ sequence): it needs no training, so the checkpoint depends only on the seed.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +97,5 @@ def make(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     if arch != "vit":
-        saved = json.dumps(
-            {"flyscale_tokenizer": "byte", "vocab_size": ByteTokenizer.vocab_size, "eot": ByteTokenizer.eot}
-        )
-        tokenizer_files(saved, out, positions)
+        tokenizer_files(ByteTokenizer().to_json(), out, positions)
     return out

@@ -22,8 +22,10 @@ class ModelPlugin(Protocol):
     Hugging Face checkpoint training starts from unless model.init_from names other weights;
     `from_huggingface(options, info, directory)`, a checkpoint's weights under the built model's
     state_dict names; `tokenizer(options)`, the checkpoint whose tokenizer makes the ids it
-    reads (tokenize.tokenizer must name it); `huggingface(options, info, model)`, the model in
-    Hugging Face's format (its config.json as a dict, and its state_dict there)."""
+    reads (tokenize.tokenizer must name it); `merged(options, model)`, the trained model as it is
+    kept (LoRA's adapters folded in) and its options; `portable(options)`, the options a
+    registered model's spec keeps; `huggingface(options, info, model)`, the model in Hugging
+    Face's format (its config.json as a dict, and its state_dict there)."""
 
     def build(self, options: Any, info: DatasetInfo) -> nn.Module: ...
 

@@ -6,7 +6,7 @@ surfacing as a shape error inside a worker."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,16 +108,15 @@ def from_huggingface(
         state = read(r.options, info, checkpoint)
     except (OSError, ValueError) as exc:
         raise StartError(f"the Hugging Face checkpoint {checkpoint!r} cannot start this model: {exc}") from None
-    into.mkdir(parents=True, exist_ok=True)
-    path = into / "weights.pt"
-    torch.save(state, path)
-    have = sorted([k, list(v.shape), str(v.dtype)] for k, v in state.items())
-    want = sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
+    have, want = _signature(state), _signature(model.state_dict())
     if have != want:
         raise StartError(
             f"the Hugging Face checkpoint {checkpoint!r} is another architecture than this run builds: "
             f"{tensor_difference(have, want, 'its weights')}"
         )
+    into.mkdir(parents=True, exist_ok=True)
+    path = into / "weights.pt"
+    torch.save(state, path)
     return Fetched(str(path), file_sha256(path), f"the Hugging Face checkpoint {checkpoint}", {})
 
 
@@ -129,8 +128,7 @@ def check(fetched: Fetched, model: nn.Module, model_cfg: ModelConfig, info: Data
     if differs:
         raise StartError(f"model.init_from {fetched.source} was trained on other inputs: {differs}")
     saved = torch.load(fetched.weights_path, map_location="cpu", weights_only=True)
-    have = sorted([k, list(v.shape), str(v.dtype)] for k, v in saved.items())
-    want = sorted([k, list(v.shape), str(v.dtype)] for k, v in model.state_dict().items())
+    have, want = _signature(saved), _signature(model.state_dict())
     if have != want:
         registered = fetched.spec.get("model", {})
         raise StartError(
@@ -139,6 +137,11 @@ def check(fetched: Fetched, model: nn.Module, model_cfg: ModelConfig, info: Data
             f"with options {registered.get('options')}; this run builds {model_cfg.name!r} with options "
             f"{model_cfg.options}. Set model to match it, or leave model.init_from empty to start afresh"
         )
+
+
+def _signature(state: Mapping[str, torch.Tensor]) -> list[list]:
+    """[name, shape, dtype] of every tensor of a state_dict, sorted: what 'the same architecture' means."""
+    return sorted([k, list(v.shape), str(v.dtype)] for k, v in state.items())
 
 
 def _input_difference(theirs: DatasetInfo, ours: DatasetInfo) -> str:
