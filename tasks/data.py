@@ -15,7 +15,7 @@ from flytekit import Deck, HashMethod, task
 from flytekit.types.directory import FlyteDirectory
 from pandera.typing import DataFrame
 
-from flyscale.config import AugmentConfig, DataConfig, MlflowConfig
+from flyscale.config import AugmentConfig, DataConfig, MlflowConfig, TokenizeConfig
 from flyscale.data import shards, source, stream_prep, validation
 from flyscale.data.augment import augment
 from flyscale.data.drift import profile
@@ -24,6 +24,7 @@ from flyscale.data.schemas import LabeledFrame
 from flyscale.data.shards import ContentShards, Shards
 from flyscale.data.source import DataFingerprint, frame_hash
 from flyscale.data.split import split
+from flyscale.data.tokenize import pretrained_sha256
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import UNSTAMPED, CacheReport, TaskRun, execution_key, stamped
@@ -40,6 +41,7 @@ from tasks.records import ModelCheck, ValidatedData
 class Fingerprinted(NamedTuple):
     fingerprint: DataFingerprint
     kind: DataKind  # which data branch prepares it
+    tokenizer: str  # documents: the sha256 of the checkpoint tokenizer named ("" for byte or bpe)
     run: TaskRun
 
 
@@ -89,14 +91,21 @@ class Streamed(NamedTuple):
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
 # under the same path. Its stamp is also when this execution started.
 @task(cache=False, **TASK, requests=SMALL)
-def fingerprint_data(cfg: DataConfig, model: ModelCheck | None = None) -> Fingerprinted:
-    """The identity of the configured data as it is now (see the dataset's fingerprint()).
-    `model`: an input so that no data is read before the model passed its check (none when the
-    data is prepared without training)."""
+def fingerprint_data(
+    cfg: DataConfig,
+    tokenize: TokenizeConfig = TokenizeConfig(),  # noqa: B008 (a Flyte input's default is its value)
+    model: ModelCheck | None = None,
+) -> Fingerprinted:
+    """The identity of the configured data as it is now (see the dataset's fingerprint()), and for
+    documents that of the checkpoint tokenizer they will be tokenized with. `model`: an input so
+    that no data is read before the model passed its check (none when the data is prepared
+    without training)."""
     run = TaskRun.start("fingerprint_data", execution=execution_key())
+    kind = source.kind(cfg)
     return Fingerprinted(
         fingerprint=source.fingerprint(cfg),
-        kind=source.kind(cfg),
+        kind=kind,
+        tokenizer=pretrained_sha256(tokenize) if kind is DataKind.DOCUMENTS else "",
         run=run.done(),
     )
 

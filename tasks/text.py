@@ -4,6 +4,7 @@ everything after it."""
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -36,14 +37,27 @@ class Tokenized(NamedTuple):
 
 @task(cache=code_cache("datasets", libraries=(*LIBRARIES, "tokenizers")), **TASK, requests=SMALL)
 def tokenize_text(
-    train: Shards, val: Shards, test: Shards, validated: ValidatedData, cfg: TokenizeConfig, runs: list[TaskRun]
+    train: Shards,
+    val: Shards,
+    test: Shards,
+    validated: ValidatedData,
+    cfg: TokenizeConfig,
+    runs: list[TaskRun],
+    pretrained_sha256: str = "",
 ) -> Tokenized:
-    """Make (byte-level) or train (BPE, on the training split) the tokenizer, and pack each split's
-    documents into sequences of `cfg.seq_len` tokens. `runs`: the stamps of the tasks before it."""
+    """Make (byte-level) or train (BPE, on the training split) the tokenizer, or load a
+    checkpoint's, and pack each split's documents into sequences of `cfg.seq_len` tokens. `runs`:
+    the stamps of the tasks before it; `pretrained_sha256`: the checkpoint tokenizer's sha256 when
+    the run started (fingerprint_data), which keys this task."""
     run = TaskRun.start("tokenize_text")
     splits, info, tokenizer_json, stats = tokenize.tokenize(
         {"train": train, "val": val, "test": test}, validated.info, cfg
     )
+    if pretrained_sha256 and hashlib.sha256(tokenizer_json.encode()).hexdigest() != pretrained_sha256:
+        raise ValueError(
+            f"the tokenizer of {cfg.tokenizer!r} changed while this run ran (after fingerprint_data read it): "
+            "run the same command again"
+        )
     path = Path(tempfile.mkdtemp(prefix="flyscale-tokenizer-")) / "tokenizer.json"
     path.write_text(tokenizer_json)
     tokenizer = FlyteFile(str(path))

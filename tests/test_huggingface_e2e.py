@@ -2,7 +2,8 @@
 tiny-checkpoint llama` saves the checkpoint, `pyflyte run ... --cfg configs/text-llama.yaml`
 fine-tunes it under fsdp on 2 workers (each decoder layer a unit) and registers it, `mlflow
 models serve` answers a prompt over HTTP, and the version written back out by `flyscale
-huggingface` continues the prompt in `transformers` with the same words."""
+huggingface` continues the prompt in `transformers` with the same words. A tokenizer replaced
+under the same folder tokenizes the documents again."""
 
 from __future__ import annotations
 
@@ -94,6 +95,31 @@ def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         made_ids = model.generate(ids, max_new_tokens=12, do_sample=False)
         assert tokenizer.decode(made_ids[0, ids.shape[1] :]) == answer  # greedy: the same tokens
+
+    # The checkpoint's tokenizer changed under the same folder name (another end-of-text token):
+    # the documents, from this run's cache, are tokenized again.
+    config = checkpoint / "tokenizer_config.json"
+    kept = config.read_text()
+    try:
+        config.write_text(kept.replace('"eos_token": "<|endoftext|>"', '"eos_token": "A"'))
+        mine = {
+            "model": {"options": {"path": str(checkpoint)}},
+            "tokenize": {"tokenizer": str(checkpoint)},
+            "mlflow": {"model_name": name},  # the data's reference, as the run read it
+        }
+        proc = run_pipeline(
+            tmp_path,
+            "--cfg",
+            "configs/text-llama.yaml",
+            "--cfg",
+            json.dumps(mine),
+            env={"MLFLOW_TRACKING_URI": mlflow_server},
+            target=("workflows/data.py", "prepare_data"),
+        )
+    finally:
+        config.write_text(kept)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "cache       ran tokenize_text; from the cache: combine_shards, prepare_shard" in proc.stdout + proc.stderr
 
 
 def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged(checkpoint, tmp_path, mlflow_server):

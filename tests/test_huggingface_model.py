@@ -118,6 +118,36 @@ def test_strategies_that_cannot_split_it_refuse_before_any_data_work(checkpoints
     check_model(model, TrainConfig(strategy="fsdp"), 2)
 
 
+def test_activation_checkpointing_recomputes_each_decoder_layer_with_the_same_gradients(checkpoints, tmp_path):
+    from flyscale.train.step import enable_activation_checkpointing
+
+    info, cfg = _tokens(), _model(checkpoints["llama"])
+    check_model(build_model(cfg, info, meta=True), TrainConfig(activation_checkpointing=True), 2)
+    ids = torch.randint(0, 257, (2, 33), generator=torch.Generator().manual_seed(0))
+
+    def gradients(checkpointed: bool) -> tuple[dict[str, torch.Tensor], int]:
+        model = _started(cfg, info, tmp_path).train()
+        if checkpointed:
+            enable_activation_checkpointing(model)
+        calls = 0
+
+        def count(*_):
+            nonlocal calls
+            calls += 1
+
+        for layer in model.modules():  # a part of each layer: the recompute calls the layer's own forward
+            if type(layer).__name__ == "LlamaDecoderLayer":
+                layer.mlp.register_forward_pre_hook(count)
+        model(ids).logsumexp(-1).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters()}, calls
+
+    plain, plain_calls = gradients(False)
+    recomputed, recomputed_calls = gradients(True)
+    assert (plain_calls, recomputed_calls) == (2, 4)  # each of the 2 layers run again in backward
+    for name, grad in plain.items():
+        torch.testing.assert_close(recomputed[name], grad, msg=name)
+
+
 def test_labels_vocabularies_and_positions_that_do_not_fit_are_refused_naming_both(checkpoints):
     with pytest.raises(
         ValueError, match=r"has 3 labels \(LABEL_0, LABEL_1, LABEL_2\); dataset 'reviews' has 10 classes"

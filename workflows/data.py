@@ -84,22 +84,29 @@ def examples_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared
 
 
 @workflow
-def text_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
-    """the documents as examples (plan, map, combine) -> tokenize and pack each split."""
+def text_data(cfg: PipelineConfig, fingerprint: DataFingerprint, tokenizer: str) -> Prepared:
+    """the documents as examples (plan, map, combine) -> tokenize and pack each split (keyed on
+    `tokenizer`, the sha256 of a checkpoint's tokenizer)."""
     docs_train, docs_val, docs_test, docs, prepared = examples_data(cfg=cfg, fingerprint=fingerprint)
     train, val, test, validated, _, runs = tokenize_text(
-        train=docs_train, val=docs_val, test=docs_test, validated=docs, cfg=cfg.tokenize, runs=prepared
+        train=docs_train,
+        val=docs_val,
+        test=docs_test,
+        validated=docs,
+        cfg=cfg.tokenize,
+        runs=prepared,
+        pretrained_sha256=tokenizer,
     )
     return Prepared(train, val, test, validated, runs)
 
 
 @workflow
-def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, kind: DataKind) -> Prepared:
-    """The branch that fits the data's kind (fingerprint_data decides it)."""
+def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, kind: DataKind, tokenizer: str) -> Prepared:
+    """The branch that fits the data's kind (fingerprint_data decides it, and reads the tokenizer)."""
     return (
         conditional("data")
         .if_(kind == DataKind.DOCUMENTS.value)
-        .then(text_data(cfg=cfg, fingerprint=fingerprint))
+        .then(text_data(cfg=cfg, fingerprint=fingerprint, tokenizer=tokenizer))
         .elif_(kind == DataKind.EXAMPLES.value)
         .then(examples_data(cfg=cfg, fingerprint=fingerprint))
         .elif_(kind == DataKind.TABLE_STREAM.value)
@@ -113,8 +120,8 @@ def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, kind: DataKind) -
 def prepare_data(cfg: PipelineConfig = PipelineConfig()) -> DataSummary:  # noqa: B008 (a Flyte input's default)
     """fingerprint -> the data branch that fits -> a summary: validate, quarantine, split (and for text
     tokenize) without training, e.g. to look at a new dataset before a run."""
-    fingerprint, kind, started = fingerprint_data(cfg=cfg.data)
-    train, val, test, validated, runs = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind)
+    fingerprint, kind, tokenizer, started = fingerprint_data(cfg=cfg.data, tokenize=cfg.tokenize)
+    train, val, test, validated, runs = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind, tokenizer=tokenizer)
     return summarize_data(
         cfg=cfg.data, train=train, val=val, test=test, validated=validated, runs=runs, started=started
     )

@@ -29,10 +29,12 @@ def scaling_study(cfg: StudyConfig = StudyConfig()) -> StudySummary:  # noqa: B0
     model = check_model(
         data_cfg=cfg.data, model_cfg=cfg.model, cfg=cfg.train, objective=cfg.objective, tokenize=cfg.tokenize
     )
-    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model)
+    fingerprint, kind, tokenizer, started = fingerprint_data(cfg=cfg.data, tokenize=cfg.tokenize, model=model)
     # Not nested in a conditional of its own: flytekit's local executor runs every branch of a
     # conditional inside a sub-workflow that a conditional branch calls.
-    train, val, test, validated, runs = dataset(cfg=data_pipeline(cfg=cfg), fingerprint=fingerprint, kind=kind)
+    train, val, test, validated, runs = dataset(
+        cfg=data_pipeline(cfg=cfg), fingerprint=fingerprint, kind=kind, tokenizer=tokenizer
+    )
     points = run_study(
         cfg=cfg, train=train, val=val, info=validated.info, fingerprint=validated.content, started=started
     )

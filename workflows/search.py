@@ -33,9 +33,9 @@ def hyperparameter_search(cfg: SearchStudyConfig = SearchStudyConfig()) -> Searc
         tokenize=cfg.tokenize,
         mlflow_cfg=cfg.mlflow,
     )
-    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model)
+    fingerprint, kind, tokenizer, started = fingerprint_data(cfg=cfg.data, tokenize=cfg.tokenize, model=model)
     base = base_config(cfg=cfg)
-    train, val, test, validated, runs = dataset(cfg=base, fingerprint=fingerprint, kind=kind)
+    train, val, test, validated, runs = dataset(cfg=base, fingerprint=fingerprint, kind=kind, tokenizer=tokenizer)
     # Once, on the base config: the workers every trial trains on (FLYSCALE_NPROC_PER_NODE=auto).
     preflight, _ = preflight_check(
         train=train,

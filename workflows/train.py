@@ -38,8 +38,8 @@ def training_pipeline(cfg: PipelineConfig = PipelineConfig()) -> RunSummary:  # 
         tokenize=cfg.tokenize,
         mlflow_cfg=cfg.mlflow,
     )
-    fingerprint, kind, started = fingerprint_data(cfg=cfg.data, model=model_check)
-    train, val, test, validated, data_ran = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind)
+    fingerprint, kind, tokenizer, started = fingerprint_data(cfg=cfg.data, tokenize=cfg.tokenize, model=model_check)
+    train, val, test, validated, data_ran = dataset(cfg=cfg, fingerprint=fingerprint, kind=kind, tokenizer=tokenizer)
     preflight, preflight_ran = preflight_check(
         train=train,
         val=val,

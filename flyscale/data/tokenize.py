@@ -10,6 +10,7 @@ and the cache key of everything after it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,6 +81,16 @@ def make_tokenizer(train: Shards, info: DatasetInfo, cfg: TokenizeConfig) -> tex
         docs = (d for batch in _documents(train, info) for d in batch)
         return text.train_bpe(docs, cfg.vocab_size, cfg.min_frequency)
     return text.load_pretrained(cfg.tokenizer)
+
+
+def pretrained_sha256(cfg: TokenizeConfig) -> str:
+    """The sha256 of the checkpoint tokenizer `tokenize.tokenizer` names, as it is now (its saved
+    JSON: vocabulary, merges, end-of-text id); "" for the byte-level tokenizer and a trained BPE,
+    which the config and the training split already determine. Tokenization is keyed on it, so a
+    checkpoint replaced under the same folder name tokenizes again."""
+    if cfg.tokenizer in ("byte", "bpe"):
+        return ""
+    return hashlib.sha256(text.load_pretrained(cfg.tokenizer).to_json().encode()).hexdigest()
 
 
 def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq_len: int) -> DatasetInfo:

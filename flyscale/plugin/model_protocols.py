@@ -13,10 +13,10 @@ if TYPE_CHECKING:  # for the annotations only: configs and the plugin registry l
 
 
 class ModelPlugin(Protocol):
-    """Builds a fresh model: any nn.Module for DDP. The pipeline strategy (and activation
-    checkpointing) split it between layers, so for them return an `nn.Sequential`. A model that
-    is not one may name its repeated blocks by class in a `block_types` attribute (a Hugging Face
-    model's decoder layers): fsdp then shards each block as a unit.
+    """Builds a fresh model: any nn.Module for DDP. The pipeline strategy splits it between
+    layers, so for it return an `nn.Sequential`. A model that is not one may name its repeated
+    blocks by class in a `block_types` attribute (a Hugging Face model's decoder layers): fsdp then
+    shards each block as a unit, and activation checkpointing recomputes each.
 
     Optional, for a pretrained model (see kinds.OPTIONAL_METHODS): `pretrained(options)`, the
     Hugging Face checkpoint training starts from unless model.init_from names other weights;

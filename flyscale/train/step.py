@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import checkpoint_sequential
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from flyscale.config import TrainConfig
 from flyscale.train.objective import default as default_objective
@@ -79,13 +79,21 @@ def autocast(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def checkpointable(model: nn.Module) -> nn.Sequential:
-    """The model, if activation checkpointing can split it: it recomputes segment by segment, so
-    it needs an nn.Sequential."""
-    if not isinstance(model, nn.Sequential):
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks a model names by class in `block_types` (a transformers model's decoder
+    layers), in order; none for a model that names none."""
+    names = tuple(getattr(model, "block_types", ()))
+    return [m for m in model.modules() if names and type(m).__name__ in names and m is not model]
+
+
+def checkpointable(model: nn.Module) -> nn.Module:
+    """The model, if activation checkpointing can split it: each of the blocks it names
+    (`block_types`) is recomputed as a unit, else an nn.Sequential segment by segment."""
+    if not blocks_of(model) and not isinstance(model, nn.Sequential):
         raise ValueError(
-            f"train.activation_checkpointing needs a model built as nn.Sequential, and this one is a "
-            f"{type(model).__name__}: set it to false, or build the model as a Sequential"
+            f"train.activation_checkpointing needs a model built as nn.Sequential, or one that names its "
+            f"repeated blocks (block_types), and this one is a {type(model).__name__} that names none: set it "
+            f"to false, or build the model as a Sequential"
         )
     tracked = [n for n, m in model.named_modules() if isinstance(m, _BatchNorm) and m.track_running_stats]
     if tracked:  # the recompute in backward runs each BatchNorm again: its running statistics move twice a step
@@ -97,13 +105,35 @@ def checkpointable(model: nn.Module) -> nn.Sequential:
     return model
 
 
+def checkpoint_each(units: list[nn.Module]) -> None:
+    """Activation checkpointing per unit: its activations are recomputed in backward instead of
+    kept. The forward is replaced on the instance, so state_dict keys stay as they are and a
+    wrapper's hooks (DDP's, FSDP's) still run around it; keyword arguments (a transformers decoder
+    layer's attention mask and positions) pass through."""
+    for unit in units:
+        plain = unit.forward
+
+        def forward(self, *args, _plain=plain, **kwargs):
+            if not self.training or not torch.is_grad_enabled():
+                return _plain(*args, **kwargs)
+            return checkpoint(_plain, *args, use_reentrant=False, **kwargs)
+
+        unit.forward = types.MethodType(forward, unit)
+
+
 def enable_activation_checkpointing(model: nn.Module, segments: int = 2) -> nn.Module:
-    """Recompute activations in backward, segment by segment, for an nn.Sequential.
+    """Recompute activations in backward: each block the model names (`block_types`), else an
+    nn.Sequential segment by segment.
 
     Replacing the instance's forward (rather than wrapping the module) keeps state_dict keys
     unchanged and still routes DDP's forward through its wrapper.
     """
-    sequential = checkpointable(model)
+    model = checkpointable(model)
+    blocks = blocks_of(model)
+    if blocks or not isinstance(model, nn.Sequential):  # checkpointable: a model that is no Sequential names blocks
+        checkpoint_each(blocks)
+        return model
+    sequential = model
     segments = min(segments, len(sequential))
 
     def forward(self, x):

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import types
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from flyscale.config import TrainConfig
 from flyscale.plugin.strategy_protocol import StrategyTraits
-from flyscale.train import meta
+from flyscale.train import meta, step
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale.train.objective import scored
@@ -65,7 +63,10 @@ def units_of(model: nn.Module, options: FSDPOptions) -> list[nn.Module]:
     """The modules sharded as units of their own, in order (the root is sharded after them): those
     train.options.units names, else the blocks the model names (`block_types`: a Hugging Face
     model's decoder layers), else the layers of its nn.Sequential."""
-    names = options.units or list(getattr(model, "block_types", ()))
+    blocks = step.blocks_of(model)
+    if not options.units and blocks:
+        return blocks
+    names = options.units
     if names:
         found = [m for m in model.modules() if type(m).__name__ in names and m is not model]
         if not found:
@@ -84,21 +85,6 @@ def units_of(model: nn.Module, options: FSDPOptions) -> list[nn.Module]:
         and any(True for _ in layer.parameters())
         and not any(id(p) in shared for p in layer.parameters())
     ]
-
-
-def checkpoint_units(units: list[nn.Module]) -> None:
-    """Activation checkpointing per unit: its activations are recomputed in backward, while FSDP
-    has its parameters gathered for that backward anyway. (The forward is replaced on the
-    instance, so state_dict keys stay as they are.)"""
-    for unit in units:
-        plain = unit.forward
-
-        def forward(self, *args, _plain=plain):
-            if not self.training or not torch.is_grad_enabled():
-                return _plain(*args)
-            return checkpoint(_plain, *args, use_reentrant=False)
-
-        unit.forward = types.MethodType(forward, unit)
 
 
 def shard(model: nn.Module, template: nn.Module, ctx: DistContext, options: FSDPOptions, seed: int) -> nn.Module:
@@ -267,7 +253,7 @@ class FSDP:
         template = copy.deepcopy(model) if ctx.distributed else model
         units = units_of(model, options)
         if cfg.activation_checkpointing:
-            checkpoint_units(units)
+            step.checkpoint_each(units)
         if not ctx.distributed:
             return Parallelized("fsdp", meta.materialise(model, ctx.device, cfg.seed))
         model = shard(model, template, ctx, options, cfg.seed)  # the optimizer's state is sharded too

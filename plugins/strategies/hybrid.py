@@ -33,7 +33,7 @@ from flyscale.train import meta
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
 from flyscale.train.objective import pairing, scored
-from flyscale.train.step import StepFn
+from flyscale.train.step import StepFn, checkpoint_each
 from flyscale.train.trainer import Parallelized
 from flyscale_plugins.strategies import fsdp, pipeline
 from flyscale_plugins.strategies.hybrid_mesh import (
@@ -163,7 +163,7 @@ def _tensor_parallel(
     template = copy.deepcopy(model)
     units = fsdp.units_of(model, fsdp.FSDPOptions())
     if cfg.activation_checkpointing:
-        fsdp.checkpoint_units(units)
+        checkpoint_each(units)
     tensor_parallel(model, lay.mesh["tp"], options)
     data_parallel([*units, model], lay.mesh["dp"], options)
     model.to_empty(device=ctx.device)  # this rank's pieces only
