@@ -7,6 +7,7 @@ import dataclasses
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -340,6 +341,26 @@ def test_the_budget_bounds_the_repeats_but_never_below_a_meaningful_p99():
     assert spent.repeats == [latency.MIN_REPEATS] * 2  # the budget is gone at once: the minimum still runs
     plenty = measure(nn.Identity(), 8, (1,), budget_s=60.0)  # nothing to compute: the cap ends it
     assert plenty.repeats == [latency.MAX_REPEATS]
+
+
+class Slow(nn.Module):
+    def forward(self, x):
+        time.sleep(0.02)
+        return x
+
+
+def test_a_model_too_slow_for_a_hundred_calls_stops_at_the_floors_cap_and_says_how_few():
+    """A large model would spend minutes of every run on MIN_REPEATS calls of each batch size:
+    past `floor_cap_s` it stops (never under FEWEST_REPEATS), and the summary says how few calls
+    its p99 came from."""
+    from flyscale.evaluate.comparison import Comparison
+
+    reports = measure_side_by_side({"fp32": Slow(), "int8": Slow()}, 8, (1, 4), budget_s=1e-6, floor_cap_s=0.1)
+    assert [r.repeats for r in reports.values()] == [[latency.FEWEST_REPEATS] * 2] * 2
+    lines = Comparison("dynamic_int8", 0.0, 3.0, reports["fp32"], reports["int8"]).lines()
+    assert all(f"({latency.FEWEST_REPEATS} timed calls: a p99 of so few" in line for line in lines)
+    longer = measure(Slow(), 8, (1,), budget_s=1e-6, floor_cap_s=0.5)
+    assert latency.FEWEST_REPEATS < longer.repeats[0] < latency.MIN_REPEATS
 
 
 def test_measure_refuses_what_it_cannot_measure():

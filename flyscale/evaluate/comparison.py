@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from flyscale.evaluate.latency import BATCH_SIZES, LatencyReport, measure_side_by_side
+from flyscale.evaluate.latency import BATCH_SIZES, MIN_REPEATS, LatencyReport, measure_side_by_side
 from flyscale.evaluate.metrics import EvalMetrics
 from flyscale.plugin.records import cost_name, costed
 
@@ -104,8 +104,11 @@ class Comparison:
                 else f"no ratio: too noisy to trust (p50 moved {noise:.0%} between repeated measurements)"
             )
             per = " per generated token" if self.unit == "token" else ""
+            calls = min(self.fp32_latency.calls(b), self.int8_latency.calls(b))
+            few = f" ({calls} timed calls: a p99 of so few is near the slowest)" if calls < MIN_REPEATS else ""
             out.append(
-                f"batch {b:>3}{per}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   {ratio}"
+                f"batch {b:>3}{per}: fp32 p50 {f50:.3f} ms p99 {f99:.3f} ms   int8 p50 {i50:.3f} ms p99 {i99:.3f} ms   "
+                f"{ratio}{few}"
             )
         return out
 

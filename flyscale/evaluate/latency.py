@@ -18,6 +18,11 @@ MAX_REPEATS = 2000  # past this a small model's percentiles no longer move
 WARMUP_S = 0.02  # per model and batch size: allocator, kernels' first-call costs, CPU caches
 WARMUP_CALLS = 3  # at least this many, however slow
 BLOCKS = 5  # the timed calls, in time order, cut into this many repeated measurements
+# What reaching MIN_REPEATS may cost per batch size. A large model (a transformer at batch 256)
+# would otherwise spend minutes of every run on 100 calls of each model; past this it stops at
+# FEWEST_REPEATS or later, and the report says how few calls its p99 came from.
+FLOOR_CAP_S = 2.0
+FEWEST_REPEATS = 2 * BLOCKS  # enough for the spread between repeated measurements
 NOISY_CV = 0.2  # a run-to-run spread of p50 above this: the number is not to be trusted
 
 
@@ -58,6 +63,10 @@ class LatencyReport:
         for b, cv in zip(self.batch_sizes, self.p50_cv):
             out[f"{prefix}latency_p50_cv_b{b}"] = cv
         return out
+
+    def calls(self, batch_size: int) -> int:
+        """The timed calls behind `batch_size`'s entry (0 for a batch size it has none of)."""
+        return dict(zip(self.batch_sizes, self.repeats)).get(batch_size, 0)
 
     def noisy(self, batch_size: int) -> float | None:
         """The p50's spread at `batch_size` when it is too wide to trust (over NOISY_CV), else None."""
@@ -103,15 +112,20 @@ def measure(
     *,
     repeats: int | None = None,
     budget_s: float = 1.0,
+    floor_cap_s: float = FLOOR_CAP_S,
 ) -> LatencyReport:
     """Latency of `model` on synthetic float32 input (b, n_features) for each batch size b.
 
     `repeats` fixes the timed calls per batch size. None repeats until this batch size's share
     of `budget_s` (the whole measurement, warm-up aside) is spent, never fewer than MIN_REPEATS
     nor more than MAX_REPEATS calls. A model too slow for MIN_REPEATS calls in the budget still
-    gets them: the budget buys precision beyond a meaningful p99, it does not cut below one.
+    gets them, up to `floor_cap_s` a batch size: the budget buys precision beyond a meaningful
+    p99, it does not cut below one. Only a model slower than that stops short, after at least
+    FEWEST_REPEATS calls (`LatencyReport.repeats` says how many).
     """
-    return measure_side_by_side({"model": model}, n_features, batch_sizes, repeats=repeats, budget_s=budget_s)["model"]
+    return measure_side_by_side(
+        {"model": model}, n_features, batch_sizes, repeats=repeats, budget_s=budget_s, floor_cap_s=floor_cap_s
+    )["model"]
 
 
 def measure_side_by_side(
@@ -122,6 +136,7 @@ def measure_side_by_side(
     repeats: int | None = None,
     budget_s: float = 1.0,
     make_input: Callable[[int, torch.Generator], torch.Tensor] | None = None,
+    floor_cap_s: float = FLOOR_CAP_S,
 ) -> dict[str, LatencyReport]:
     """`measure` for several models at once, one report per name.
 
@@ -168,7 +183,7 @@ def measure_side_by_side(
                 calls = {name: _timed_call(m, x.to(devices[name]), devices[name]) for name, m in models.items()}
                 for call in calls.values():
                     _warm_up(call)
-                times = _interleaved(calls, names, repeats, budget_s / len(batch_sizes))
+                times = _interleaved(calls, names, repeats, budget_s / len(batch_sizes), floor_cap_s)
                 for name in names:
                     reports[name].add(b, times[name])
     finally:
@@ -210,20 +225,31 @@ def _warm_up(call: Callable[[], float]) -> None:
 
 
 def _interleaved(
-    calls: dict[str, Callable[[], float]], names: list[str], repeats: int | None, budget_s: float
+    calls: dict[str, Callable[[], float]],
+    names: list[str],
+    repeats: int | None,
+    budget_s: float,
+    floor_cap_s: float = FLOOR_CAP_S,
 ) -> dict[str, list[float]]:
     """Rounds that time every model once each, the order rotated by one each round: `repeats`
-    rounds, or (None) rounds until `budget_s` is spent, within [MIN_REPEATS, MAX_REPEATS]."""
+    rounds, or (None) rounds until `budget_s` is spent, within [MIN_REPEATS, MAX_REPEATS], and
+    short of MIN_REPEATS (but not of FEWEST_REPEATS) once `floor_cap_s` is spent."""
     times: dict[str, list[float]] = {name: [] for name in names}
     # A deadline rather than a count estimated from the warm-up: on a loaded machine a few slow
     # warm-up calls would mislead the estimate, and the budget would not hold.
-    deadline = time.perf_counter() + budget_s
+    started = time.perf_counter()
+    deadline, floor_deadline = started + budget_s, started + floor_cap_s
+
+    def more(r: int) -> bool:
+        if repeats is not None:
+            return r < repeats
+        now = time.perf_counter()
+        if r < MIN_REPEATS:
+            return r < FEWEST_REPEATS or now < floor_deadline
+        return r < MAX_REPEATS and now < deadline
+
     r = 0
-    while (
-        (r < repeats)
-        if repeats is not None
-        else (r < MIN_REPEATS or (r < MAX_REPEATS and time.perf_counter() < deadline))
-    ):
+    while more(r):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             times[name].append(calls[name]())
