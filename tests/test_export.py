@@ -69,6 +69,29 @@ def test_an_export_that_answers_differently_fails_naming_the_example(tmp_path):
         onnx.check_parity(model, path, _split(x), None)
 
 
+def test_a_tie_broken_the_other_way_by_float_noise_is_a_near_tie_not_another_answer(tmp_path):
+    """A language model at random weights has positions whose top two scores differ by less than
+    float noise: the export may pick the other one. That is the same answer, counted and said;
+    a choice PyTorch scores clearly lower still fails."""
+    x = torch.randn(24, 4)
+    tied = nn.Linear(4, 3)
+    with torch.no_grad():
+        tied.weight.zero_()
+        tied.bias.copy_(torch.tensor([1.0, 1.0 + 1e-6, -1.0]))  # class 1 wins by 1e-6 in the file
+    path = onnx.export(tied, x[:4], tmp_path / "model.onnx")
+    with torch.no_grad():
+        tied.bias.copy_(torch.tensor([1.0 + 1e-6, 1.0, -1.0]))  # and class 0 by 1e-6 in PyTorch
+    parity = onnx.check_parity(tied, path, _split(x), None)
+    assert parity.same_prediction and parity.ties == 24
+    assert parity.sentence().endswith(
+        "the same prediction on every one but 24 near-ties (top two scores within twice the tolerance)"
+    )
+    with torch.no_grad():
+        tied.bias[0] += 1e-3  # now PyTorch clearly prefers class 0: a different answer
+    with pytest.raises(onnx.ExportError, match="example 0 is predicted differently"):
+        onnx.check_parity(tied, path, _split(x), None)
+
+
 class Branchy(nn.Module):
     """Control flow on the data's values: torch.export cannot trace it without torch.cond."""
 
