@@ -25,7 +25,7 @@ class Digits:
     def load(self, options: None) -> pd.DataFrame:
         # The file sklearn.datasets.load_digits reads (64 pixels, then the label, per line), read
         # here: importing scikit-learn takes 2-3 s, through scipy, in every run that loads data.
-        with gzip.open(_digits_csv(), "rt") as f:
+        with gzip.open(digits_file(), "rt") as f:
             data = np.loadtxt(f, delimiter=",", dtype="float32")
         frame = pd.DataFrame(data[:, :-1], columns=DIGITS_PIXELS)
         frame["label"] = data[:, -1].astype("int64")
@@ -33,7 +33,7 @@ class Digits:
 
     def fingerprint(self, options: None) -> str:
         """The bytes `load` reads."""
-        return hashlib.sha256(_digits_csv().read_bytes()).hexdigest()
+        return hashlib.sha256(digits_file().read_bytes()).hexdigest()
 
     def info(self, options: None) -> DatasetInfo:
         return DatasetInfo(
@@ -53,7 +53,7 @@ class Digits:
         )
 
 
-def _digits_csv() -> Path:
+def digits_file() -> Path:
     """scikit-learn's copy of the digits, found without importing scikit-learn."""
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:

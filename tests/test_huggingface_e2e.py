@@ -3,7 +3,8 @@ tiny-checkpoint llama` saves the checkpoint, `pyflyte run ... --cfg configs/text
 fine-tunes it under fsdp on 2 workers (each decoder layer a unit) and registers it, `mlflow
 models serve` answers a prompt over HTTP, and the version written back out by `flyscale
 huggingface` continues the prompt in `transformers` with the same words. A tokenizer replaced
-under the same folder tokenizes the documents again."""
+under the same folder tokenizes the documents again. A LoRA run, a ViT on the image preset and a
+BERT on the digits read as token ids go through the same pipeline."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import sys
 import urllib.request
 import uuid
 
+import numpy as np
 import pytest
+import torch
 from conftest import BIN, run_pipeline
 
 from flyscale.serving import servers
@@ -53,10 +56,8 @@ def _fine_tune(prefix: str, checkpoint, tmp_path, uri: str, more: dict | None = 
     return name, out
 
 
-def _export(name: str, tmp_path, uri: str):
-    """The registered version 1 of `name` written out by `flyscale huggingface`, loaded by transformers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _written(name: str, tmp_path, uri: str):
+    """The folder `flyscale huggingface` writes the registered version 1 of `name` to."""
     exported = tmp_path / "exported"
     written = subprocess.run(
         [str(BIN / "flyscale"), "huggingface", "--model", name, "--version", "1", "--out", str(exported)],
@@ -65,7 +66,36 @@ def _export(name: str, tmp_path, uri: str):
         env={**os.environ, "MLFLOW_TRACKING_URI": uri},
     )
     assert written.returncode == 0, written.stderr[-2000:]
+    return exported
+
+
+def _export(name: str, tmp_path, uri: str):
+    """The registered version 1 of `name` written out by `flyscale huggingface`, loaded by transformers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported = _written(name, tmp_path, uri)
     return AutoTokenizer.from_pretrained(exported), AutoModelForCausalLM.from_pretrained(exported).eval()
+
+
+def _predicted_elsewhere(name: str, uri: str, inputs: list, params: dict | None = None) -> list:
+    """What the registered version 1 of `name` answers `inputs` (prompts, or rows of token ids),
+    loaded as a user loads it, in a process of its own: this one's MLflow may point at another
+    store (a test before it set it)."""
+    load = (
+        "import json, sys, mlflow, numpy as np; model = mlflow.pyfunc.load_model(sys.argv[1]); "
+        "x, params = json.loads(sys.argv[2]), json.loads(sys.argv[3]); "
+        "x = x if isinstance(x[0], str) else np.asarray(x, dtype='int64'); "
+        "print(json.dumps(np.asarray(model.predict(x, params=params)).tolist()))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", load, f"models:/{name}/1", json.dumps(inputs), json.dumps(params)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+        timeout=300,
+    )
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    return json.loads(loaded.stdout.strip().splitlines()[-1])
 
 
 def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http(
@@ -137,21 +167,7 @@ def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged
 
     tokenizer, model = _export(name, tmp_path, mlflow_server)
     assert not any("lora" in k for k in model.state_dict())
-    # The registered version loaded as a user loads it, in a process of its own: this one's MLflow
-    # may point at another store (a test before it set it).
-    load = (
-        "import json, sys, mlflow; model = mlflow.pyfunc.load_model(sys.argv[1]); "
-        "print(json.dumps(model.predict(json.loads(sys.argv[2]), params={'max_new_tokens': 8, 'temperature': 0.0})))"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-c", load, f"models:/{name}/1", json.dumps(PROMPTS)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server},
-        timeout=300,
-    )
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    served = json.loads(loaded.stdout.strip().splitlines()[-1])
+    served = _predicted_elsewhere(name, mlflow_server, PROMPTS, {"max_new_tokens": 8, "temperature": 0.0})
     for prompt, answer in zip(PROMPTS, served):
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         assert tokenizer.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :]) == answer
@@ -188,3 +204,41 @@ def test_an_image_classifier_checkpoint_fine_tunes_on_the_image_preset(tmp_path,
     assert f"started     from the Hugging Face checkpoint {vit} (weights sha256" in out
     assert "the same prediction on every one: artifact onnx/model.onnx" in out
     assert f"registered  {name} v1" in out
+
+
+def test_a_sequence_classifier_checkpoint_fine_tunes_on_digits_read_as_token_ids(tmp_path, mlflow_server):
+    """A BERT saved by `flyscale tiny-checkpoint bert` on `digit_tokens` (each digit's 64 pixel
+    intensities as token ids), under fsdp, as docs/huggingface.md gives it: its weights start the
+    run, it learns (above chance), it is registered, and the version written back by `flyscale
+    huggingface` answers in transformers as the registered model does."""
+    from transformers import AutoModelForSequenceClassification
+
+    bert = tmp_path / "tiny-bert"
+    made = subprocess.run(
+        [str(BIN / "flyscale"), "tiny-checkpoint", "bert", "--labels", "10", "--width", "32", "--layers", "1"]
+        + ["--out", str(bert)],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    name = f"hf-bert-{uuid.uuid4().hex[:8]}"
+    mine = {
+        "data": {"dataset": "digit_tokens"},
+        "model": {"name": "huggingface", "options": {"path": str(bert)}},
+        "train": {"strategy": "fsdp", "epochs": 4, "lr": 0.003},
+        "gate": [{"name": "min_metric", "options": {"threshold": 0.12}}],  # chance is 0.1
+        "mlflow": {"model_name": name},
+    }
+    proc = run_pipeline(tmp_path, "--cfg", json.dumps(mine), env={"MLFLOW_TRACKING_URI": mlflow_server})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert f"started     from the Hugging Face checkpoint {bert} (weights sha256" in out
+    assert "gate        min_metric: PASSED" in out and f"registered  {name} v1" in out
+
+    exported = _written(name, tmp_path, mlflow_server)
+    rows = [[0, 0, 5, 13, 9, 1, 0, 0] * 8, [0, 0, 0, 12, 13, 5, 0, 0] * 8, [16] * 64]
+    served = _predicted_elsewhere(name, mlflow_server, rows)
+    model = AutoModelForSequenceClassification.from_pretrained(exported).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor(rows)).logits.softmax(-1).numpy()
+    np.testing.assert_allclose(served, theirs, atol=1e-4)
