@@ -4,7 +4,6 @@ everything after it."""
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -53,13 +52,14 @@ def tokenize_text(
     splits, info, tokenizer_json, stats = tokenize.tokenize(
         {"train": train, "val": val, "test": test}, validated.info, cfg
     )
-    if pretrained_sha256 and hashlib.sha256(tokenizer_json.encode()).hexdigest() != pretrained_sha256:
+    path = Path(tempfile.mkdtemp(prefix="flyscale-tokenizer-")) / "tokenizer.json"
+    path.write_text(tokenizer_json, encoding="utf-8")
+    sha256 = file_sha256(path)
+    if pretrained_sha256 and sha256 != pretrained_sha256:
         raise ValueError(
             f"the tokenizer of {cfg.tokenizer!r} changed while this run ran (after fingerprint_data read it): "
             "run the same command again"
         )
-    path = Path(tempfile.mkdtemp(prefix="flyscale-tokenizer-")) / "tokenizer.json"
-    path.write_text(tokenizer_json)
     tokenizer = FlyteFile(str(path))
-    done = replace(validated, info=info, tokens=stats, tokenizer=tokenizer, tokenizer_sha256=file_sha256(path))
+    done = replace(validated, info=info, tokens=stats, tokenizer=tokenizer, tokenizer_sha256=sha256)
     return Tokenized(splits["train"], splits["val"], splits["test"], done, tokenizer, [*runs, run.done()])

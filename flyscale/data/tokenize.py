@@ -90,7 +90,7 @@ def pretrained_sha256(cfg: TokenizeConfig) -> str:
     checkpoint replaced under the same folder name tokenizes again."""
     if cfg.tokenizer in ("byte", "bpe"):
         return ""
-    return hashlib.sha256(text.load_pretrained(cfg.tokenizer).to_json().encode()).hexdigest()
+    return hashlib.sha256(text.load_pretrained(cfg.tokenizer).to_json().encode("utf-8")).hexdigest()
 
 
 def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq_len: int) -> DatasetInfo:
