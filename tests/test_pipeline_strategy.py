@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,6 +15,7 @@ from torch import nn
 
 from flyscale.api import DatasetInfo
 from flyscale.config import TrainConfig
+from flyscale.serving.servers import free_port
 from flyscale.train import meta, trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext, process_group, set_epoch
@@ -56,12 +56,6 @@ def _toy_data(n_train: int = 72, n_val: int = 24) -> TrainData:
     return TrainData(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tuple) -> None:
     """Join a gloo group as `rank` and save what `scenario(ctx, *args)` returns."""
     os.environ.update(
@@ -80,7 +74,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tupl
 
 def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: float = 90) -> list:
     """Run `scenario` on `world` spawned ranks; every rank's result, in rank order. Never hangs."""
-    worker_args = (world, _free_port(), str(out_dir), scenario, args)
+    worker_args = (world, free_port(), str(out_dir), scenario, args)
     procs = mp.start_processes(_worker, args=worker_args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -87,9 +88,39 @@ def model_requirements(model_dir: Path) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that nothing holds now, from below the kernel's ephemeral range.
+
+    A port the kernel picks (bind to port 0) comes from the range it also gives every outgoing
+    connection, so between our closing it and the server binding it another process's
+    connection can take it (EADDRINUSE). Below that range only a process naming the port can.
+    """
+    top = _ephemeral_ports_start()
+    if top - _LOWEST_PORT < 1000:  # an unusual kernel setting: fall back to the kernel's choice
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    choose = random.SystemRandom()
+    for _ in range(200):
+        port = choose.randrange(_LOWEST_PORT, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port between {_LOWEST_PORT} and {top}")
+
+
+_LOWEST_PORT = 10_000
+
+
+def _ephemeral_ports_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's setting; 32768 elsewhere, below
+    macOS's and Windows' 49152)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _wait(url: str, proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
