@@ -97,6 +97,16 @@ def test_a_module_that_cannot_be_found_is_an_error_not_a_gap(pkg):
         module_closure(["acmepkg.uses"], first_party=("acmepkg",))
 
 
+def test_the_closure_is_read_from_the_source_without_running_a_module(pkg):
+    """`from acmepkg.helper import x` names an attribute of a plain module: the version is found
+    without importing helper (for the pipeline strategy that import was torch's compiler)."""
+    (pkg / "helper.py").write_text("raise RuntimeError('helper ran')\nx = 1\n")
+    (pkg / "task_mod.py").write_text("from acmepkg.helper import x\n")
+    mods = module_closure(["acmepkg.task_mod"], first_party=("acmepkg",))
+    assert {"acmepkg.task_mod", "acmepkg.helper"} <= set(mods)
+    assert "acmepkg.helper" not in sys.modules
+
+
 # --- the real tasks, as a fresh process imports them --------------------------------------------
 
 

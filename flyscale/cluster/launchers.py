@@ -100,6 +100,7 @@ class LocalSafeElasticTask(ExitCodeCommand, PytorchElasticFunctionTask):
         ):
             if in_pytorchjob():
                 return super().execute(**kwargs)
+            _preload_for_forked_workers()
             nproc = local_workers(kwargs.get("cfg"), self.task_config.nproc_per_node, kwargs.get("workers", 0))
             if self.max_nodes > 1:  # a range "1:4" too: no peers will come
                 log.warning(
@@ -150,6 +151,15 @@ class ClassicPyTorchTask(ExitCodeCommand, PyTorchFunctionTask):
 
 TaskPlugins.register_pythontask_plugin(LocalSafeElastic, LocalSafeElasticTask)
 TaskPlugins.register_pythontask_plugin(ClassicPyTorch, ClassicPyTorchTask)
+
+
+def _preload_for_forked_workers() -> None:
+    """Import here what every worker imports anyway, so that a forked worker starts with it.
+
+    torch's optimizers import its compiler (torch._dynamo, about a second) at their first step,
+    to ask whether they are being compiled; nothing before training needs it. Imported once here,
+    each forked worker inherits it instead of importing it on its own."""
+    import torch._dynamo  # noqa: F401
 
 
 def worker_start_method(nproc_per_node: int) -> str:

@@ -33,15 +33,29 @@ from flyscale.plugin import registry
 CORE = "flyscale"
 
 
-def _module_file(name: str) -> str | None:
-    """The source file of module `name`, "" for a module without one, None if there is no such module."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
+def _module_file(name: str, in_package: bool = False) -> str | None:
+    """The source file of module `name`, "" for a module without one, None if there is no such module.
+
+    `in_package`: `name` may be a module only if what holds it is a package (the `x` of `from a
+    import x`). Finding `a.x` imports `a`, so for a plain module `a` that would run `a` and all it
+    imports (for the pipeline strategy, torch's compiler: about a second) only to say no.
+    """
+    holder = name.rpartition(".")[0]
+    if in_package and holder:
+        spec = _spec(holder)
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+    spec = _spec(name)
     if spec is None:
         return None
     return spec.origin if spec.origin and spec.origin.endswith(".py") else ""
+
+
+def _spec(name: str) -> importlib.machinery.ModuleSpec | None:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
 
 
 def _imports(path: str, module: str) -> tuple[set[str], set[str]]:
@@ -110,7 +124,7 @@ def module_closure(
         name, required, importer = stack.pop()
         if name in seen:
             continue
-        path = _module_file(name)
+        path = _module_file(name, in_package=not required)
         if path is None:
             if required:
                 raise ImportError(
