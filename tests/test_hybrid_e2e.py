@@ -11,10 +11,10 @@ from mlflow import MlflowClient
 
 from tests.conftest import REPO, run_pipeline
 
-HYBRID_SMALL = {  # configs/text-gpt.yaml made small: 2 replicas of 16 sequences, each split over 2 tp ranks
+HYBRID_SMALL = {  # configs/text-gpt.yaml made small: 2 replicas of 64 sequences, each split over 2 tp ranks
     "tokenize": {"seq_len": 32},
     "model": {"options": {"layers": 2, "heads": 2, "width": 32}},
-    "train": {"strategy": "hybrid", "epochs": 1, "batch_size": 16, "options": {"mesh": {"dp": 2, "tp": 2}}},
+    "train": {"strategy": "hybrid", "epochs": 1, "batch_size": 64, "options": {"mesh": {"dp": 2, "tp": 2}}},
     "preflight": {"enabled": True, "steps": 3},
     "mlflow": {"model_name": "hybrid-e2e"},
 }
