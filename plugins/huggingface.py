@@ -153,12 +153,19 @@ class HuggingFaceModel(nn.Module):
         self.hf, self.task = hf, task
         # The repeated blocks (a Llama's decoder layers): what fsdp shards one at a time.
         self.block_types = tuple(getattr(hf, "_no_split_modules", None) or ())
+        # A classifier's rows of labelled text end in padding (flyscale/data/tokenize.py pads with
+        # the checkpoint tokenizer's pad id): the model attends to every other position. A causal
+        # LM's packed sequences have no padding (their end-of-text ids, often the pad id, are text).
+        pad = getattr(hf.config, "pad_token_id", None) if task == "sequence_classification" else None
+        self.pad_id: int | None = None if pad is None else int(pad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.task == "image_classification":
             return self.hf(pixel_values=x).logits
         if self.task == "causal_lm":
             return self.hf(input_ids=x, use_cache=False).logits
+        if self.pad_id is not None:
+            return self.hf(input_ids=x, attention_mask=(x != self.pad_id).long()).logits
         return self.hf(input_ids=x).logits
 
 

@@ -74,6 +74,12 @@ class MLP:
     options_type = MLPOptions
 
     def build(self, options: MLPOptions, info: DatasetInfo) -> nn.Sequential:
+        field = info.input()
+        if field is not None and field.dtype in ("int32", "int64"):  # uint8 pixels arrive as floats
+            raise ValueError(
+                f"model 'mlp' reads numbers, and dataset {info.name!r}'s input is token ids ({field}), which it "
+                f"cannot embed: fine-tune a model that reads tokens (model: huggingface, docs/huggingface.md)"
+            )
         # An image field arrives (N, C, H, W): flatten it first. A table's features are already flat.
         layers: list[nn.Module] = [nn.Flatten()] if info.input() is not None and len(info.input_shape) > 1 else []
         width = math.prod(info.input_shape)

@@ -6,7 +6,9 @@ splits by document and then tokenizes and packs (the `tokenize` config section).
 - `text`: your own documents: text files (a whole file, or its paragraphs or lines, each a
   document), JSONL with a text field, or Parquet with a text column; a file, a directory or an
   `s3://` prefix, one shard per file, and a file larger than `shard_bytes` cut into byte ranges
-  of that size, each a shard of its own (plugins/text_files.py).
+  of that size, each a shard of its own (plugins/text_files.py). With `label` (a JSONL key or a
+  Parquet column) and `classes`, each document has a class: a labelled dataset, which flyscale
+  tokenizes one row per document for a classifier instead of packing it for a language model.
 
 Text comes as the file's bytes wherever it can, so flyscale, not this plugin, decides what does
 not decode as UTF-8 (and quarantines it with its file and position). Files are read a line at a
@@ -17,6 +19,7 @@ line that is not JSON or holds no text.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -38,23 +41,37 @@ BATCH_BYTES = 64 << 20  # documents handed over at a time, at most (and batch_ro
 RANGE = re.compile(r"^(?P<uri>.+)#bytes=(?P<start>\d+)-(?P<end>\d+)$")  # a shard that is part of a file
 
 
-def _info(name: str) -> DatasetInfo:
+LABEL = "label"  # the column a labelled dataset's class index travels in, whatever the file calls it
+
+
+def _info(name: str, classes: list[str] | None = None) -> DatasetInfo:
+    """Documents; with `classes`, each with its class's index as the label."""
+    labelled = [FieldSpec(LABEL, "int64", [], range=[0, len(classes) - 1])] if classes else []
     return DatasetInfo(
         name=name,
-        num_classes=0,
+        num_classes=len(classes or []),
         input_shape=[],
         feature_columns=[],
-        label_column="",
-        fields=[FieldSpec("text", "string", [])],
+        label_column=LABEL if classes else "",
+        fields=[FieldSpec("text", "string", []), *labelled],
         input_field="text",
     )
 
 
-def _batch(texts: pa.Array, origin: str, first: int, keys: list[str], problems: list | None = None) -> pa.RecordBatch:
-    """Documents `first`, `first + 1`, ... of the file `origin`, with their origin columns."""
+def _batch(
+    texts: pa.Array,
+    origin: str,
+    first: int,
+    keys: list[str],
+    problems: list | None = None,
+    labels: list[int | None] | None = None,
+) -> pa.RecordBatch:
+    """Documents `first`, `first + 1`, ... of the file `origin`, with their origin columns (and
+    their classes, for a labelled dataset)."""
+    columns = {"text": texts} | ({LABEL: pa.array(labels, pa.int64())} if labels is not None else {})
     return pa.record_batch(
-        {
-            "text": texts,
+        columns
+        | {
             SOURCE_FILE: pa.array([origin] * len(texts), pa.string()),
             SOURCE_ROW: pa.array(range(first, first + len(texts)), pa.int64()),
             SOURCE_KEY: pa.array(keys, pa.string()),
@@ -95,8 +112,25 @@ class TextOptions:
     batch_rows: int = 1024
     max_document_bytes: int = MAX_DOCUMENT_BYTES  # a longer document is quarantined, never read into memory
     shard_bytes: int = SHARD_BYTES  # a larger .txt or .jsonl file is cut into ranges of this size, one shard each
+    # A labelled dataset: the JSONL key, or the Parquet column, holding each document's class, and
+    # the classes in label order (a value is matched as text: 1 and "1" are the same class). A
+    # document whose class is missing or not listed is quarantined, naming it. "": documents alone.
+    label: str = ""
+    classes: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
+        if bool(self.label) != bool(self.classes):
+            raise ValueError(
+                "data.options.label and data.options.classes go together: label names the JSONL key or Parquet "
+                f"column holding each document's class, classes lists them in label order (got label={self.label!r}, "
+                f"classes={self.classes!r})"
+            )
+        if self.classes:
+            self.classes = [str(c) for c in self.classes]
+            if len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
+                raise ValueError(f"data.options.classes must list at least 2 distinct classes, got {self.classes}")
+            if self.label == self.field:
+                raise ValueError(f"data.options.label and data.options.field both name {self.field!r}")
         if not self.path:
             raise ValueError("path must name a file, a directory or an s3:// prefix of documents")
         for name in ("max_document_bytes", "shard_bytes"):
@@ -127,7 +161,7 @@ class Text:
     objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options: TextOptions) -> DatasetInfo:
-        return _info("text")
+        return _info("text", options.classes)
 
     def _files(self, options: TextOptions, versions: bool = False) -> list[sources.Source]:
         formats = list(FORMATS) if options.format == "auto" else [options.format]
@@ -145,9 +179,10 @@ class Text:
         return [found[k] for k in sorted(found)]
 
     def fingerprint(self, options: TextOptions) -> str:
-        """Each file's version (`sources.listing`) and how its documents are read."""
+        """Each file's version (`sources.listing`) and how its documents (and classes) are read."""
         listing = [(s.uri, s.version) for s in self._files(options, versions=True)]
-        return "text " + hashlib.sha256(json.dumps([listing, options.field, options.document]).encode()).hexdigest()
+        how = [listing, options.field, options.document] + ([options.label, options.classes] if options.label else [])
+        return "text " + hashlib.sha256(json.dumps(how).encode()).hexdigest()
 
     def shards(self, options: TextOptions) -> list[str]:
         """The files, in sorted order; a text or JSONL file larger than `shard_bytes` as its byte
@@ -175,19 +210,29 @@ class Text:
         if kind == "parquet":
             yield from _parquet(source, options)
             return
-        docs, keys, problems, held, first = [], [], [], 0, 0
+        if kind == "txt" and options.label:
+            raise ValueError(
+                f"{source.uri}: a text file holds no classes; a labelled dataset (data.options.label) is JSONL or "
+                f"Parquet, each document beside its class"
+            )
+        docs, keys, problems, labels, held, first = [], [], [], [], 0, 0
         with sources.open_file(source) as f:
-            for doc, key, problem in _documents(f, kind, options, start, end):
+            for doc, key, problem, label in _documents(f, kind, options, start, end):
                 docs.append(doc)
                 keys.append(key)
                 problems.append(problem)
+                labels.append(label)
                 held += len(doc or b"")
                 if len(docs) == options.batch_rows or held >= BATCH_BYTES:
-                    yield _batch(pa.array(docs, pa.binary()), shard, first, keys, problems)
+                    yield self._as_batch(options, docs, shard, first, keys, problems, labels)
                     first += len(docs)
-                    docs, keys, problems, held = [], [], [], 0
+                    docs, keys, problems, labels, held = [], [], [], [], 0
         if docs:
-            yield _batch(pa.array(docs, pa.binary()), shard, first, keys, problems)
+            yield self._as_batch(options, docs, shard, first, keys, problems, labels)
+
+    @staticmethod
+    def _as_batch(options: TextOptions, docs, shard, first, keys, problems, labels) -> pa.RecordBatch:
+        return _batch(pa.array(docs, pa.binary()), shard, first, keys, problems, labels if options.label else None)
 
 
 def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.RecordBatch]:
@@ -202,59 +247,86 @@ def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.Record
         target = pa.binary()
     else:
         raise ValueError(f"{source.uri}: column {options.field!r} holds {kind}, not text (a string or binary column)")
+    if options.label and options.label not in schema.names:
+        raise ValueError(f"{source.uri} has no column {options.label!r} (data.options.label); it has {schema.names}")
     first = 0
-    for batch in sources.batches(source, "parquet", [options.field], options.batch_rows):
+    columns = [options.field, options.label] if options.label else [options.field]
+    for batch in sources.batches(source, "parquet", columns, options.batch_rows):
         n = batch.num_rows
         keys = [f"row {r}" for r in range(first, first + n)]
-        yield _batch(batch.column(0).cast(target), source.uri, first, keys)
+        if not options.label:
+            yield _batch(batch.column(0).cast(target), source.uri, first, keys)
+        else:
+            found = [_class_of(v, options) for v in batch.column(1).to_pylist()]
+            labels, problems = [c for c, _ in found], [p for _, p in found]
+            yield _batch(batch.column(0).cast(target), source.uri, first, keys, problems, labels)
         first += n
+
+
+def _class_of(value: object, options: TextOptions) -> tuple[int | None, str | None]:
+    """A document's class index, or None and why (missing, or not one of `classes`)."""
+    if value is None or isinstance(value, (bool, dict, list)) or not isinstance(value, (str, int, float)):
+        got = "null" if value is None else f"a {type(value).__name__}"
+        return None, f"{LABEL}: missing (got {got} under {options.label!r}, data.options.label)"
+    name = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+    if name not in options.classes:
+        shown = name if len(name) <= 40 else name[:40] + "..."
+        return None, f"{LABEL}: class (got {shown!r}, not one of data.options.classes {options.classes})"
+    return options.classes.index(name), None
 
 
 def _documents(
     f: BinaryIO, kind: str, options: TextOptions, start: int, end: int | None
-) -> Iterator[tuple[bytes | None, str, str | None]]:
-    """(document as bytes or None, where it starts, why it is None) for each document of the range."""
-    cap, field = options.max_document_bytes, options.field
+) -> Iterator[tuple[bytes | None, str, str | None, int | None]]:
+    """(document as bytes or None, where it starts, why it is None, its class) for each document
+    of the range; a JSONL document without a class listed has the reason, and the text as read."""
+    cap = options.max_document_bytes
     if kind == "txt" and options.document == "file":
         data = f.read(cap + 1)
         if len(data) > cap:
-            yield None, "whole file", _too_long("a file", f.seek(0, 2), cap)
+            yield None, "whole file", _too_long("a file", f.seek(0, 2), cap), None
         else:  # a blank one too, which flyscale quarantines as empty
-            yield data.removeprefix(text_files.BOM), "whole file", None
+            yield data.removeprefix(text_files.BOM), "whole file", None, None
         return
     pieces = text_files.paragraphs if kind == "txt" and options.document == "paragraph" else text_files.lines
     for p in pieces(f, start, end, cap):
         where = f"line {p.line}" if end is None else f"byte {p.offset}"  # a range's lines are not counted
         if p.data is None:
-            yield None, where, _too_long("a line" if pieces is text_files.lines else "a paragraph", p.size, cap)
+            yield None, where, _too_long("a line" if pieces is text_files.lines else "a paragraph", p.size, cap), None
         elif not p.data.strip():
             continue  # a blank line separates documents; it is none itself
         elif kind == "jsonl":
-            yield _jsonl_document(p.data, field, where)
+            yield _jsonl_document(p.data, options, where)
         elif options.document == "line":
-            yield p.data.removesuffix(b"\r"), where, None
+            yield p.data.removesuffix(b"\r"), where, None, None
         else:
-            yield p.data, where, None
+            yield p.data, where, None, None
 
 
 def _too_long(what: str, size: int, cap: int) -> str:
     return f"text: size (got {what} of {size} bytes, over data.options.max_document_bytes {cap}: not read)"
 
 
-def _jsonl_document(line: bytes, key: str, where: str) -> tuple[bytes | None, str, str | None]:
-    """A JSONL line's document, or None and why: the line is not JSON, or holds no string `key`."""
+def _jsonl_document(line: bytes, options: TextOptions, where: str) -> tuple[bytes | None, str, str | None, int | None]:
+    """A JSONL line's document and class, or None and why: the line is not JSON, holds no string
+    under `field`, or (labelled) no listed class under `label`."""
     try:
-        value = json.loads(line)
+        record = json.loads(line)
     except UnicodeDecodeError as exc:  # as flyscale says of a document that is not UTF-8
-        return None, where, f"text: utf8 (got byte {exc.start} is not UTF-8)"
+        return None, where, f"text: utf8 (got byte {exc.start} is not UTF-8)", None
     except ValueError as exc:
-        return None, where, f"text: json (got a line that is not JSON: {str(exc).split(':')[0]})"
-    value = value.get(key) if isinstance(value, dict) else None
+        return None, where, f"text: json (got a line that is not JSON: {str(exc).split(':')[0]})", None
+    record = record if isinstance(record, dict) else {}
+    value = record.get(options.field)
     if not isinstance(value, str):
-        return None, where, f"text: missing (got no string under {key!r}, data.options.field)"
+        return None, where, f"text: missing (got no string under {options.field!r}, data.options.field)", None
     # As UTF-8 bytes, which flyscale checks: a lone surrogate (a legal JSON escape, "\ud800") then
     # fails that check with its line, where pyarrow would refuse the whole batch as a string.
-    return value.encode("utf-8", errors="surrogatepass"), where, None
+    document = value.encode("utf-8", errors="surrogatepass")
+    if not options.label:
+        return document, where, None, None
+    label, problem = _class_of(record.get(options.label), options)
+    return document, where, problem, label
 
 
 python_docs = PythonDocs()

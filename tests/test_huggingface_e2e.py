@@ -4,7 +4,7 @@ fine-tunes it under fsdp on 2 workers (each decoder layer a unit) and registers 
 models serve` answers a prompt over HTTP, and the version written back out by `flyscale
 huggingface` continues the prompt in `transformers` with the same words. A tokenizer replaced
 under the same folder tokenizes the documents again. A LoRA run, a ViT on the image preset and a
-BERT on the digits read as token ids go through the same pipeline."""
+BERT on labelled text go through the same pipeline."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 import pytest
 import torch
-from conftest import BIN, run_pipeline
+from conftest import BIN, REPO, run_pipeline
 
 from flyscale.serving import servers
 
@@ -206,39 +206,70 @@ def test_an_image_classifier_checkpoint_fine_tunes_on_the_image_preset(tmp_path,
     assert f"registered  {name} v1" in out
 
 
-def test_a_sequence_classifier_checkpoint_fine_tunes_on_digits_read_as_token_ids(tmp_path, mlflow_server):
-    """A BERT saved by `flyscale tiny-checkpoint bert` on `digit_tokens` (each digit's 64 pixel
-    intensities as token ids), under fsdp, as docs/huggingface.md gives it: its weights start the
-    run, it learns (above chance), it is registered, and the version written back by `flyscale
-    huggingface` answers in transformers as the registered model does."""
-    from transformers import AutoModelForSequenceClassification
+def _documented_labelled_text() -> tuple[str, dict]:
+    """docs/huggingface.md's "Classify labelled text" as written: the Python that makes
+    code-or-prose.jsonl, and the run's --cfg."""
+    page = (REPO / "docs" / "huggingface.md").read_text()
+    block = page.split("## Classify labelled text", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    script = block.split("<<'EOF'", 1)[1].split("\n", 1)[1].split("\nEOF\n", 1)[0]
+    cfg = block.split("--cfg '", 1)[1].rsplit("'", 1)[0]
+    return script, json.loads(cfg)
 
-    bert = tmp_path / "tiny-bert"
+
+def test_a_sequence_classifier_fine_tunes_on_labelled_text_and_its_served_model_reads_text(
+    tmp_path, mlflow_server, serving_envs, monkeypatch
+):
+    """docs/huggingface.md's labelled text, as written (the file its Python makes, a BERT from
+    `flyscale tiny-checkpoint bert --labels 2`, its --cfg) under fsdp on 2 workers: a document of an
+    unlisted class is quarantined naming it, each document is one padded row, the classifier
+    learns (the classes are about even), and the registered model answers text over HTTP with the
+    probabilities transformers gives the version `flyscale huggingface` writes back, tokenized,
+    padded and masked by its own tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    script, cfg = _documented_labelled_text()
+    made = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    data = tmp_path / "code-or-prose.jsonl"
+    with data.open("a") as f:
+        f.write(json.dumps({"text": "Shall I compare thee to a summer's day?", "kind": "poetry"}) + "\n")
+    bert = tmp_path / "tiny-bert-2"
     made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "bert", "--labels", "10", "--width", "32", "--layers", "1"]
+        [str(BIN / "flyscale"), "tiny-checkpoint", "bert", "--labels", "2", "--width", "32", "--layers", "1"]
         + ["--out", str(bert)],
         capture_output=True,
         text=True,
     )
     assert made.returncode == 0, made.stderr[-2000:]
-    name = f"hf-bert-{uuid.uuid4().hex[:8]}"
-    mine = {
-        "data": {"dataset": "digit_tokens"},
-        "model": {"name": "huggingface", "options": {"path": str(bert)}},
-        "train": {"strategy": "fsdp", "epochs": 4, "lr": 0.003},
-        "gate": [{"name": "min_metric", "options": {"threshold": 0.12}}],  # chance is 0.1
-        "mlflow": {"model_name": name},
-    }
-    proc = run_pipeline(tmp_path, "--cfg", json.dumps(mine), env={"MLFLOW_TRACKING_URI": mlflow_server})
+    name = f"hf-bert-text-{uuid.uuid4().hex[:8]}"
+    cfg["data"]["options"]["path"] = str(data)
+    cfg["model"]["options"]["path"] = cfg["tokenize"]["tokenizer"] = str(bert)
+    cfg["mlflow"]["model_name"] = name
+    proc = run_pipeline(tmp_path, "--cfg", json.dumps(cfg), env={"MLFLOW_TRACKING_URI": mlflow_server})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
+    assert "workers     2 (FLYSCALE_NPROC_PER_NODE=2)" in out
+    assert "1 quarantined (label: class: 1)" in out
+    assert "cut at 64 tokens)" in out and "one row of 64 a document, padded with id 256" in out
     assert f"started     from the Hugging Face checkpoint {bert} (weights sha256" in out
     assert "gate        min_metric: PASSED" in out and f"registered  {name} v1" in out
 
+    documents = ["for line in lines:\n    print(line)", "The value is set when the interpreter starts.", "x" * 300]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    with servers.mlflow_serve(f"models:/{name}/1", serving_envs) as base:
+        request = urllib.request.Request(
+            f"{base}/invocations",
+            data=json.dumps({"inputs": documents}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            served = np.asarray(json.loads(response.read())["predictions"])
+    assert served.shape == (3, 2)
+
     exported = _written(name, tmp_path, mlflow_server)
-    rows = [[0, 0, 5, 13, 9, 1, 0, 0] * 8, [0, 0, 0, 12, 13, 5, 0, 0] * 8, [16] * 64]
-    served = _predicted_elsewhere(name, mlflow_server, rows)
+    tokenizer = AutoTokenizer.from_pretrained(exported)
     model = AutoModelForSequenceClassification.from_pretrained(exported).eval()
+    batch = tokenizer(documents, padding="max_length", max_length=64, truncation=True, return_tensors="pt")
     with torch.no_grad():
-        theirs = model(torch.tensor(rows)).logits.softmax(-1).numpy()
+        theirs = model(**batch).logits.softmax(-1).numpy()
     np.testing.assert_allclose(served, theirs, atol=1e-4)

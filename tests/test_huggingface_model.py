@@ -171,6 +171,41 @@ def test_labels_vocabularies_and_positions_that_do_not_fit_are_refused_naming_bo
         build_model(_model(checkpoints["vit"]), small, meta=True)
 
 
+def test_a_classifier_attends_to_every_position_but_the_padding(checkpoints):
+    """A labelled document's row ends in the pad id (256, the checkpoint's pad_token_id): the
+    class scores are those of the document alone, whatever the padding; the tokenizer pads with it."""
+    model = build_model(_model(checkpoints["bert"]), _labelled_tokens(3)).eval()
+    ids = torch.tensor([[104, 105, 33, 10, 200]])
+    padded = torch.cat([ids, torch.full((1, 11), 256)], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(model(padded), model(ids), rtol=0, atol=1e-5)
+    assert text.load_pretrained(str(checkpoints["bert"])).pad == 256
+
+
+def test_digit_tokens_are_the_digits_pixels_as_ids_which_a_bert_of_10_labels_reads(tmp_path):
+    """docs/huggingface.md's `digit_tokens`: each image's 64 intensities as ids 0-16, its digit the
+    label, every example valid as declared; a BERT saved with 10 labels classifies its rows, and an
+    MLP, which cannot embed ids, is refused before any data work."""
+    import pyarrow as pa
+    from sklearn.datasets import load_digits
+
+    from flyscale.data import example_checks
+    from flyscale_plugins.sklearn_data import digit_tokens
+
+    info = digit_tokens.info(None)
+    (batch,) = digit_tokens.examples(None, "")
+    digits = load_digits()
+    assert batch.column("tokens").to_pylist() == digits.data.astype(int).tolist()
+    assert batch.column("label").to_pylist() == digits.target.tolist()
+    checked = example_checks.check_batch(pa.Table.from_batches([batch]), info, "digits")
+    assert len(checked.reasons) == len(digits.target) and not checked.bad.any()
+    bert = tiny_checkpoint.make("bert", tmp_path / "bert", labels=10, width=16, layers=1)
+    rows = torch.tensor(digits.data[:4].astype("int64"))
+    assert build_model(_model(bert), info)(rows).shape == (4, 10)
+    with pytest.raises(ValueError, match=r"model 'mlp' reads numbers, and dataset 'digit_tokens'.s input is token ids"):
+        build_model(ModelConfig(name="mlp"), info, meta=True)
+
+
 def test_the_checkpoints_tokenizer_makes_the_ids_and_the_served_model_reads_them_alike(checkpoints):
     cfg = _model(checkpoints["llama"])
     with pytest.raises(

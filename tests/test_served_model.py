@@ -445,3 +445,49 @@ def test_int8_packed_weights_are_not_forced_into_safetensors(tmp_path):
     model = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(4, 4)), {torch.nn.Linear})
     assert not model_log.as_safetensors(save_state(model, "q.pt"), tmp_path / "q.safetensors")
     assert not (tmp_path / "q.safetensors").exists()
+
+
+def test_a_classifier_of_labelled_text_takes_documents_and_tokenizes_them_as_training_did(tmp_path):
+    """Its serving JSON says how training tokenized (the first seq_len ids, padded): a document
+    sent as a string gets the probabilities of that row; rows of ids are still taken; an empty or
+    too-long document is a 400 naming it."""
+    info = DatasetInfo(
+        "docs",
+        2,
+        [8],
+        [],
+        label_column="label",
+        fields=[FieldSpec("tokens", "int32", [8], range=[0, 256]), FieldSpec("label", "int64", [])],
+        input_field="tokens",
+    )
+    from flyscale.export import tiny_checkpoint
+
+    bert = tiny_checkpoint.make("bert", tmp_path / "bert", labels=2, width=16, layers=1)
+    model_cfg = ModelConfig(name="huggingface", options={"path": str(bert)})
+    model = build_model(model_cfg, info).eval()
+    with torch.no_grad():  # a random BERT's weights are small (std 0.02): make each position count
+        for p in model.parameters():
+            p.mul_(30)
+    path = onnx.export(model, torch.randint(0, 257, (4, 8)), tmp_path / "m.onnx")
+    files = model_log.ModelFiles(
+        save_state(model, "m.pt"), spec_json(model_cfg, info, None), ByteTokenizer().to_json(), str(path),
+        limits={"max_prompt_chars": 20},
+    )  # fmt: skip
+    mlflow.pyfunc.save_model(str(tmp_path / "model"), **model_log.model_args(files, "model", str(tmp_path)))
+    served = mlflow.pyfunc.load_model(str(tmp_path / "model"))
+    assert "documents: strings" in served.metadata.metadata["flyscale_serving"]["inputs"][0]
+
+    status, body = _ask(served, json.dumps({"inputs": ["hi", "é twelve bytes"]}))
+    rows = np.array([[104, 105] + [256] * 6, [195, 169, 32, 116, 119, 101, 108, 118]], dtype="int64")
+    assert not np.allclose(_probabilities(path, rows)[0], _probabilities(path, rows[:1] % 256)[0], atol=1e-3)
+    assert status == 200
+    np.testing.assert_allclose(body["predictions"], _probabilities(path, rows), atol=1e-6)
+    status, body = _ask(served, json.dumps({"inputs": rows.tolist()}))
+    np.testing.assert_allclose(body["predictions"], _probabilities(path, rows), atol=1e-6)
+    for inputs, message in [
+        (["fine", ""], "document 1 is empty: send text"),
+        (["x" * 21], "document 0 has 21 characters; this model reads at most 20 (serving.max_prompt_chars)"),
+        ([["a", "b"]], "send documents as a flat list of strings"),
+    ]:
+        status, body = _ask(served, json.dumps({"inputs": inputs}))
+        assert status == 400 and message in body["message"], body

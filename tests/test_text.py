@@ -333,3 +333,83 @@ def test_a_byte_order_mark_is_not_part_of_the_first_document(tmp_path, document)
     (tmp_path / "a.txt").write_bytes(b"\xef\xbb\xbffirst\n\nsecond\n")
     rows = _examples(TEXT, TextOptions(path=str(tmp_path), document=document))
     assert rows[0]["text"].startswith(b"first")
+
+
+def test_a_labelled_jsonl_or_parquet_gives_each_document_its_class_or_the_reason(tmp_path):
+    """`label` names where the class is; a value is matched as text (1 and "1"); a missing or
+    unlisted class comes with its reason, the document as read (flyscale quarantines it)."""
+    lines = [
+        {"text": "one", "kind": "pos"},
+        {"text": "two", "kind": 1},
+        {"text": "three"},
+        {"text": "four", "kind": "meh"},
+        {"text": "five", "kind": 1.0},
+    ]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    options = TextOptions(path=str(tmp_path / "a.jsonl"), label="kind", classes=["neg", "pos", 1])
+    info = TEXT.info(options)
+    assert (info.num_classes, info.label_column, [f.name for f in info.fields]) == (3, "label", ["text", "label"])
+    rows = _examples(TEXT, options)
+    assert [(r["text"], r["label"], r["_source_problem"]) for r in rows] == [
+        (b"one", 1, None),
+        (b"two", 2, None),
+        (b"three", None, "label: missing (got null under 'kind', data.options.label)"),
+        (b"four", None, "label: class (got 'meh', not one of data.options.classes ['neg', 'pos', '1'])"),
+        (b"five", 2, None),
+    ]
+    pq.write_table(pa.table({"body": ["p0", "p1"], "y": ["neg", None]}), tmp_path / "b.parquet")
+    rows = _examples(
+        TEXT, TextOptions(path=str(tmp_path / "b.parquet"), field="body", label="y", classes=["neg", "pos"])
+    )
+    assert [(r["text"], r["label"], r["_source_problem"]) for r in rows] == [
+        ("p0", 0, None),
+        ("p1", None, "label: missing (got null under 'y', data.options.label)"),
+    ]
+    with pytest.raises(ValueError, match=r"has no column 'kind' \(data.options.label\)"):
+        _examples(TEXT, TextOptions(path=str(tmp_path / "b.parquet"), field="body", label="kind", classes=["a", "b"]))
+    (tmp_path / "c.txt").write_text("no class here\n")
+    with pytest.raises(ValueError, match="a text file holds no classes"):
+        _examples(TEXT, TextOptions(path=str(tmp_path / "c.txt"), label="kind", classes=["a", "b"]))
+    assert TEXT.fingerprint(options) != TEXT.fingerprint(TextOptions(path=str(tmp_path / "a.jsonl")))
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"label": "kind"}, "label and data.options.classes go together"),
+        ({"classes": ["a", "b"]}, "label and data.options.classes go together"),
+        ({"label": "kind", "classes": ["a"]}, r"at least 2 distinct classes, got \['a'\]"),
+        ({"label": "kind", "classes": ["a", "a"]}, "at least 2 distinct classes"),
+        ({"label": "text", "classes": ["a", "b"]}, "label and data.options.field both name 'text'"),
+    ],
+)
+def test_labelled_text_options_name_what_is_wrong(options, message):
+    with pytest.raises(ValueError, match=message):
+        TextOptions(path="x", **options)
+
+
+def test_labelled_documents_become_one_padded_row_each_beside_their_class(tmp_path):
+    """Not packed: each document's first seq_len ids, then the pad id, and its class as it was."""
+    from flyscale.config import TokenizeConfig
+    from flyscale.data import shards
+
+    options = TextOptions(path="x", label="kind", classes=["a", "b"])
+    info = TEXT.info(options)
+    splits = {}
+    for name, docs, labels in [("train", ["hi", "a longer one"], [1, 0]), ("val", ["é"], [0]), ("test", ["xyz"], [1])]:
+        writer = shards.ShardWriter(name, root=str(tmp_path / name))
+        writer.write(pa.table({"text": docs, "label": pa.array(labels, pa.int64())}))
+        splits[name] = writer.close()
+    out, out_info, _, stats = tokenize.tokenize(splits, info, TokenizeConfig(tokenizer="byte", seq_len=5))
+    assert (out_info.input_field, out_info.label_column, out_info.num_classes) == ("tokens", "label", 2)
+    assert out_info == tokenize.planned_info(info, TokenizeConfig(tokenizer="byte", seq_len=5))
+    table = pq.read_table(shards.files(out["train"].dir.path)[0])
+    assert table.column("tokens").to_pylist() == [[104, 105, 256, 256, 256], [97, 32, 108, 111, 110]]
+    assert table.column("label").to_pylist() == [1, 0]
+    assert pq.read_table(shards.files(out["val"].dir.path)[0]).column("tokens").to_pylist() == [
+        [195, 169, 256, 256, 256]
+    ]
+    assert (stats.rows, stats.pad, stats.truncated, stats.sequences) == (
+        True, 256, {"train": 1, "val": 0, "test": 0}, {"train": 2, "val": 1, "test": 1}
+    )  # fmt: skip
+    assert "one row of 5 a document, padded with id 256" in stats.lines()[1]

@@ -30,6 +30,7 @@ class Tokenizer(Protocol):
     name: str  # "byte", "bpe" or "pretrained"
     vocab_size: int
     eot: int  # the id that ends each document
+    pad: int  # the id that fills a labelled document's row past its end (flyscale's own: the end-of-text id)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]: ...
 
@@ -41,7 +42,7 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     """UTF-8 bytes as ids 0-255, and 256 for the end of a document."""
 
-    name, vocab_size, eot = "byte", 257, 256
+    name, vocab_size, eot, pad = "byte", 257, 256, 256
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's UTF-8 bytes, as int32 ids."""
@@ -79,7 +80,7 @@ class BpeTokenizer:
             eot = tokenizer.token_to_id(EOT)
             if eot is None:
                 raise ValueError(f"a BPE tokenizer for flyscale must have the special token {EOT}")
-        self.eot = eot
+        self.eot = self.pad = eot
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """Each text's ids, from the Rust encoder in parallel (a Python loop per text would dominate)."""
@@ -134,21 +135,28 @@ class PretrainedTokenizer(BpeTokenizer):
 
     name = "pretrained"
 
-    def __init__(self, tokenizer_json: str, eot: int, source: str):
+    def __init__(self, tokenizer_json: str, eot: int, source: str, pad: int | None = None):
         from tokenizers import Tokenizer as HFTokenizer
 
         super().__init__(HFTokenizer.from_str(tokenizer_json), eot)
         self._json, self.source = tokenizer_json, source
-        if not 0 <= eot < self.vocab_size:
-            raise ValueError(
-                f"the tokenizer of {source} has {self.vocab_size} ids; its end-of-text id {eot} is not one"
-            )
+        self.pad = eot if pad is None else pad
+        for what, i in (("end-of-text", eot), ("padding", self.pad)):
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"the tokenizer of {source} has {self.vocab_size} ids; its {what} id {i} is not one")
 
     def to_json(self) -> str:
-        """The checkpoint's tokenizer.json, with the end-of-text id (which tokenizer.json alone does
-        not name: it is in the checkpoint's tokenizer_config.json) and where it came from."""
+        """The checkpoint's tokenizer.json, with the end-of-text and padding ids (which
+        tokenizer.json alone does not name: they are in the checkpoint's tokenizer_config.json)
+        and where it came from."""
         return json.dumps(
-            {"flyscale_tokenizer": "pretrained", "eot": self.eot, "source": self.source, "tokenizer": self._json}
+            {
+                "flyscale_tokenizer": "pretrained",
+                "eot": self.eot,
+                "pad": self.pad,
+                "source": self.source,
+                "tokenizer": self._json,
+            }
         )
 
 
@@ -176,7 +184,8 @@ def load_pretrained(source: str) -> PretrainedTokenizer:
             f"the tokenizer of {source!r} names no end-of-sequence token (eos_token in tokenizer_config.json), "
             "which ends each packed document"
         )
-    return PretrainedTokenizer(backend.to_str(), int(tok.eos_token_id), source)
+    pad = tok.pad_token_id  # what the checkpoint pads with, which its model masks out; else its end of sequence
+    return PretrainedTokenizer(backend.to_str(), int(tok.eos_token_id), source, None if pad is None else int(pad))
 
 
 def from_json(text: str) -> Tokenizer:
@@ -188,7 +197,10 @@ def from_json(text: str) -> Tokenizer:
     if isinstance(data, dict) and data.get("flyscale_tokenizer") == "byte":
         return ByteTokenizer()
     if isinstance(data, dict) and data.get("flyscale_tokenizer") == "pretrained":
-        return PretrainedTokenizer(data["tokenizer"], int(data["eot"]), str(data.get("source", "")))
+        pad = data.get("pad")
+        return PretrainedTokenizer(
+            data["tokenizer"], int(data["eot"]), str(data.get("source", "")), None if pad is None else int(pad)
+        )
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict) or data["model"].get("type") != "BPE":
         raise ValueError("not a saved tokenizer: neither flyscale's byte-level one nor a Hugging Face BPE")
     from tokenizers import Tokenizer as HFTokenizer

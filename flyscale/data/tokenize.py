@@ -1,11 +1,14 @@
-"""Tokenization as a step of its own: the prepared documents of each split become packed token
+"""Tokenization as a step of its own: the prepared documents of each split become token
 sequences, by a tokenizer made (byte-level) or trained (BPE, on the training split only) here.
 
 The split is by document and comes first (flyscale/data/example_combine.py), so no sequence
-spans two splits. Each split's documents are encoded a row group at a time, laid end to end,
-each closed by the end-of-text token, and cut into sequences of `seq_len` tokens (the tail that
-does not fill one is dropped and counted). The tokenizer's JSON is the artifact a model carries
-and the cache key of everything after it.
+spans two splits. Each split's documents are encoded a row group at a time. Documents alone (a
+language model's) are laid end to end, each closed by the end-of-text token, and cut into
+sequences of `seq_len` tokens (the tail that does not fill one is dropped and counted).
+Labelled documents (a classifier's) become one row each, beside their class: their first
+`seq_len` tokens (the rest cut off, and counted), padded with the tokenizer's pad id, which a
+model reads as "no token here". The tokenizer's JSON is the artifact a model carries and the
+cache key of everything after it.
 """
 
 from __future__ import annotations
@@ -40,14 +43,31 @@ class TokenStats:
     tokens: dict[str, int] = field(default_factory=dict)  # end-of-text tokens included
     sequences: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)  # the tail of each split that filled no sequence
+    # Labelled documents: one row each, padded; how many of each split's were longer than a row, and cut.
+    rows: bool = False
+    truncated: dict[str, int] = field(default_factory=dict)
+    pad: int = -1  # the id padding a row's end (rows only)
     bytes_per_token: float = 0.0  # of the training split's UTF-8 text
     unigram_entropy_bits: float = 0.0  # of the training split's tokens: what a model that ignores context achieves
 
     def lines(self) -> list[str]:
         """The summary's lines about tokenization."""
-        return [
+        head = (
             f"  tokenizer   {self.tokenizer}, {self.vocab_size} ids, {self.bytes_per_token:.2f} bytes a token; "
-            f"unigram entropy {self.unigram_entropy_bits:.3f} bits a token (training split)",
+            f"unigram entropy {self.unigram_entropy_bits:.3f} bits a token (training split)"
+        )
+        if self.rows:
+            return [
+                head,
+                "  tokens      "
+                + ", ".join(
+                    f"{s} {self.documents[s]} documents ({self.truncated[s]} cut at {self.seq_len} tokens)"
+                    for s in self.tokens
+                )
+                + f"; one row of {self.seq_len} a document, padded with id {self.pad}",
+            ]
+        return [
+            head,
             "  tokens      "
             + ", ".join(
                 f"{s} {self.documents[s]} documents -> {self.tokens[s]} tokens ({self.dropped[s]} left over)"
@@ -93,19 +113,27 @@ def pretrained_sha256(cfg: TokenizeConfig) -> str:
     return hashlib.sha256(text.load_pretrained(cfg.tokenizer).to_json().encode("utf-8")).hexdigest()
 
 
+def labelled(info: DatasetInfo) -> bool:
+    """Whether the documents have classes (a classifier's, one row each) rather than being text
+    alone (a language model's, packed)."""
+    return bool(info.label_column)
+
+
 def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq_len: int) -> DatasetInfo:
-    """What the packed splits hold: one field of `seq_len` token ids within the vocabulary."""
+    """What the tokenized splits hold: one field of `seq_len` token ids within the vocabulary, and
+    for labelled documents their class as it was."""
     if isinstance(tokenizer, FieldSpec):
         tokens = tokenizer
     else:
         tokens = FieldSpec(SEQUENCE_FIELD, "int32", [seq_len], range=[0, tokenizer.vocab_size - 1])
+    label = [f for f in info.fields if f.name == info.label_column] if labelled(info) else []
     return DatasetInfo(
         name=info.name,
-        num_classes=0,
+        num_classes=info.num_classes if label else 0,
         input_shape=[seq_len],
         feature_columns=[],
-        label_column="",
-        fields=[tokens],
+        label_column=info.label_column if label else "",
+        fields=[tokens, *label],
         input_field=SEQUENCE_FIELD,
     )
 
@@ -172,19 +200,55 @@ def _write(writer: ShardWriter, windows: np.ndarray, info: DatasetInfo) -> None:
         writer.write(pa.table({SEQUENCE_FIELD: fields.to_arrow(windows, info.fields[0])}))
 
 
+def rows_split(
+    split: Shards, name: str, info: DatasetInfo, tokenizer: text.Tokenizer, seq_len: int, stats: TokenStats
+) -> tuple[Shards, np.ndarray]:
+    """One split's labelled documents as one row each: the first `seq_len` tokens, padded with
+    the tokenizer's pad id, beside the document's class; also the count of each token id."""
+    out_info = sequences_info(info, tokenizer, seq_len)
+    tokens_field, label_field = out_info.fields
+    rows = fields.row_group_rows(out_info)
+    writer = ShardWriter(name, rows_per_file=8 * rows, row_group_rows=rows, streamed=split.streamed)
+    counts = np.zeros(tokenizer.vocab_size, dtype="int64")
+    documents = tokens = truncated = utf8 = 0
+    for unit in shards.units(split.dir.download()):
+        group = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=[info.input_field, info.label_column])
+        batch = group.column(info.input_field).to_pylist()
+        encoded = tokenizer.encode_batch(batch)
+        out = np.full((len(encoded), seq_len), tokenizer.pad, dtype="int32")
+        for i, ids in enumerate(encoded):
+            kept = ids[:seq_len]
+            out[i, : len(kept)] = kept
+            counts += np.bincount(kept, minlength=tokenizer.vocab_size)
+            truncated += len(ids) > seq_len
+            tokens += len(ids)
+        documents += len(batch)
+        utf8 += len("".join(batch).encode("utf-8"))
+        labels = group.column(info.label_column).to_numpy()
+        writer.write(pa.table({SEQUENCE_FIELD: fields.to_arrow(out, tokens_field), label_field.name: labels}))
+    stats.documents[name], stats.tokens[name], stats.truncated[name] = documents, tokens, truncated
+    stats.sequences[name], stats.dropped[name] = writer.rows, 0
+    if name == "train":
+        stats.bytes_per_token = utf8 / max(1, tokens)
+    schema = pa.schema([(f.name, fields.arrow_type(f)) for f in out_info.fields])
+    return writer.close(schema), counts
+
+
 def tokenize(
     splits: dict[str, Shards], info: DatasetInfo, cfg: TokenizeConfig
 ) -> tuple[dict[str, Shards], DatasetInfo, str, TokenStats]:
-    """Each split's documents as packed token sequences: (the splits, their info, the tokenizer's
-    JSON, the stats)."""
+    """Each split's documents as token sequences, packed or (labelled) one row each: (the splits,
+    their info, the tokenizer's JSON, the stats)."""
     documents = info.input()
     if documents is None or documents.dtype != "string":
         raise ValueError(f"dataset {info.name!r} holds no documents (a string field) to tokenize")
     tokenizer = make_tokenizer(splits["train"], info, cfg)
-    stats = TokenStats(tokenizer.name, tokenizer.vocab_size, cfg.seq_len)
+    rows = labelled(info)
+    stats = TokenStats(tokenizer.name, tokenizer.vocab_size, cfg.seq_len, rows=rows, pad=tokenizer.pad if rows else -1)
     out = {}
     for name, split in splits.items():
-        out[name], counts = pack_split(split, name, info, tokenizer, cfg.seq_len, stats)
+        one = rows_split if rows else pack_split
+        out[name], counts = one(split, name, info, tokenizer, cfg.seq_len, stats)
         if name == "train":
             stats.unigram_entropy_bits = unigram_entropy_bits(counts)
     log.info("tokenized (%s, %d ids): %s", tokenizer.name, tokenizer.vocab_size, stats.sequences)

@@ -68,14 +68,16 @@ def tokenizer_files(tokenizer_json: str, out: Path, max_length: int) -> None:
     with its end-of-sequence token; the byte-level one becomes a byte-level BPE without merges
     whose ids are the bytes' values, <|endoftext|> after them."""
     data = json.loads(tokenizer_json)
-    eos = EOT
+    eos = pad = EOT
     if data.get("flyscale_tokenizer") == "byte":
         tokenizer_json = _byte_tokenizer(int(data["eot"]))
     elif data.get("flyscale_tokenizer") == "pretrained":
         from tokenizers import Tokenizer
 
         tokenizer_json = data["tokenizer"]
-        eos = Tokenizer.from_str(tokenizer_json).id_to_token(int(data["eot"])) or EOT
+        saved = Tokenizer.from_str(tokenizer_json)
+        eos = saved.id_to_token(int(data["eot"])) or EOT
+        pad = saved.id_to_token(int(data.get("pad", data["eot"]))) or eos
     (out / "tokenizer.json").write_text(tokenizer_json)
     (out / "tokenizer_config.json").write_text(
         json.dumps(
@@ -84,6 +86,7 @@ def tokenizer_files(tokenizer_json: str, out: Path, max_length: int) -> None:
                 "bos_token": eos,
                 "eos_token": eos,
                 "unk_token": eos,
+                "pad_token": pad,  # what a classifier's rows are padded with (flyscale/data/tokenize.py)
                 "model_max_length": max_length,
                 "clean_up_tokenization_spaces": False,
             },

@@ -64,6 +64,7 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
     torch, flyscale and the model's plugin."""
     from mlflow.models import infer_signature
 
+    from flyscale.data import text as text_tokenizers
     from flyscale.data.fields import PIXEL_DIVISOR, model_input_shape
     from flyscale.export import onnx as onnx_export
     from flyscale.export import onnx_pyfunc
@@ -94,6 +95,11 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
         if field is not None and field.dtype == "uint8":  # pixels: the served model scales them as training did
             how["input"]["pixels"] = {"divisor": PIXEL_DIVISOR}
+        if (
+            files.tokenizer_json and how["output"] != "text"
+        ):  # a classifier of text: tokenizes documents as training did
+            pad = text_tokenizers.from_json(files.tokenizer_json).pad
+            how["input"]["text"] = {"seq_len": model_input_shape(context.info)[0], "pad": pad}
         how["limits"] = {**LIMITS, **files.limits}  # enforced wherever the model is served
         serving_file = Path(tmp) / f"{name}_serving.json"
         serving_file.write_text(json.dumps(how, sort_keys=True))

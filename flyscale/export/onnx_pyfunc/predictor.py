@@ -9,7 +9,9 @@ training fed the network (`Served.describe` lists the forms; the serving JSON ho
   integers, channels first as stored, and PNG or JPEG files (bytes, or base64 strings in JSON),
   decoded as training decoded them; it divides by the scale training divided by (255), and
   refuses floats outside [0, 1], which could only be pixels left unscaled;
-- a language model takes strings, at most its context length in tokens each.
+- a language model takes strings, at most its context length in tokens each;
+- a classifier of text (trained on labelled documents) takes strings too, tokenized as training
+  tokenized them (the first `seq_len` tokens, padded), as well as rows of token ids.
 Anything else (NaN or infinity, an empty batch, another shape, a prompt that is not text, a bad
 param) is refused with `InvalidInput`: one line that names the problem and never the input,
 which MLflow's scoring server and MLServer answer as HTTP 400. So is a request past the limits
@@ -88,9 +90,13 @@ class Served:
         # inputs are used as they come (features, token ids); models registered before this
         # was recorded have none.
         self.pixels = serving.get("input", {}).get("pixels")
-        self.tokens = tokens_of(tokenizer_json) if serving["output"] == "text" else None
-        if serving["output"] == "text" and not tokenizer_json:
-            raise ValueError("a language model is served with its tokenizer; this one was registered without it")
+        # A classifier of text: {"seq_len", "pad"}: a document sent as a string is tokenized as
+        # training tokenized it (its first seq_len tokens, padded with `pad`). None: ids only.
+        self.text = serving.get("input", {}).get("text")
+        reads_text = serving["output"] == "text" or self.text is not None
+        if reads_text and not tokenizer_json:
+            raise ValueError("a model of text is served with its tokenizer; this one was registered without it")
+        self.tokens = tokens_of(tokenizer_json) if reads_text else None
 
     @property
     def images(self) -> bool:
@@ -127,10 +133,16 @@ class Served:
                     f"PNG or JPEG files of {w}x{h} pixels ({'grayscale' if c == 1 else 'RGB'}): bytes, or base64 "
                     f"strings in JSON"
                 )
+        if self.text:
+            forms.insert(
+                0,
+                f"documents: strings, each tokenized as the training data was (its first {self.text['seq_len']} tokens; "
+                f"longer text is cut, as it was in training)",
+            )
         return {
             "inputs": forms,
             "refused": "NaN or infinite values, an empty batch, another shape (HTTP 400, one line)",
-            "limits": self._said_limits("max_rows"),
+            "limits": self._said_limits("max_rows", "max_prompt_chars") if self.text else self._said_limits("max_rows"),
             "returns": {
                 "probabilities": "a row of class probabilities per example",
                 "values": "the model's outputs, one value per example for a scalar target",
@@ -172,7 +184,9 @@ class Served:
                 f"{len(x):,} examples in one request; this model answers at most {self.limits['max_rows']:,} a request "
                 f"(serving.max_rows): send them in smaller requests"
             )
-        if x.dtype.kind in "OUSa":  # text or bytes: encoded images, or something unreadable
+        if x.dtype.kind in "OUSa" and self.text:  # documents, for a classifier of text
+            x = self._tokenized(x)
+        elif x.dtype.kind in "OUSa":  # text or bytes: encoded images, or something unreadable
             x = self._decoded(x)
         if x.dtype.kind not in "iuf":
             what = "true/false values" if x.dtype.kind == "b" else f"values of type {x.dtype}"
@@ -236,6 +250,26 @@ class Served:
             raise InvalidInput(f"encoded images of shape {tuple(x.shape)}: send one file per example, a flat list")
         c, h, w = self.shape
         return np.stack([decode_image(v, i, c, h, w) for i, v in enumerate(flat)])
+
+    def _tokenized(self, x: np.ndarray) -> np.ndarray:
+        """Documents as the rows of token ids training read: the first seq_len ids, padded."""
+        assert self.text is not None and self.tokens is not None
+        flat = x.reshape(-1)
+        if x.ndim != 1 or not all(isinstance(v, str) for v in flat):
+            raise InvalidInput("send documents as a flat list of strings, one per example (or rows of token ids)")
+        seq_len, cap = int(self.text["seq_len"]), self.limits["max_prompt_chars"]
+        out = np.full((len(flat), seq_len), int(self.text["pad"]), dtype=np.int64)
+        for i, document in enumerate(flat):
+            if not document:
+                raise InvalidInput(f"document {i} is empty: send text")
+            if len(document) > cap:
+                raise InvalidInput(
+                    f"document {i} has {len(document):,} characters; this model reads at most {cap:,} "
+                    f"(serving.max_prompt_chars)"
+                )
+            ids = self.tokens.encode(document)[:seq_len]
+            out[i, : len(ids)] = ids
+        return out
 
     def generate(self, prompts: list[str], params: dict, started: float) -> list[str]:
         """Each prompt's continuation (new text only): see generation.generate."""
