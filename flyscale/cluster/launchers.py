@@ -157,9 +157,11 @@ def _preload_for_forked_workers() -> None:
     """Import here what every worker imports anyway, so that a forked worker starts with it.
 
     torch's optimizers import its compiler (torch._dynamo, about a second) at their first step,
-    to ask whether they are being compiled; nothing before training needs it. Imported once here,
-    each forked worker inherits it instead of importing it on its own."""
-    import torch._dynamo  # noqa: F401
+    to ask whether they are being compiled; nothing before training needs it. Likewise
+    torch.distributed.checkpoint, which every checkpoint and resume needs and the driver does
+    not. Imported once here, each forked worker inherits them instead of importing them on its own."""
+    import torch._dynamo
+    import torch.distributed.checkpoint  # noqa: F401
 
 
 def worker_start_method(nproc_per_node: int) -> str:

@@ -53,8 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-
 from flyscale.train.checkpoint_commit import Background, Mirror, clear_leftovers, commit, hash_state, upload
 from flyscale.train.checkpoint_files import (
     FORMAT,
@@ -211,6 +209,8 @@ class Checkpointer:
             # holds alike is written once), rank 0 the metadata that maps them to the whole tensors.
             # Each rank hashes the files it wrote: asynchronous, on the checkpointer's thread once
             # they are written; else here, every rank its own at once.
+            import torch.distributed.checkpoint as dcp  # not at the top: every pyflyte run imports this module; only training needs DCP (and DTensor, sympy)
+
             if self.asynchronous:
                 written: Any = dcp.async_save(  # a Future of DCP's
                     state.sharded_state(),

@@ -13,8 +13,6 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch.distributed.checkpoint as dcp
-
 from flyscale.train.checkpoint_commit import replace_step
 from flyscale.train.checkpoint_files import (
     PARTIAL,
@@ -89,11 +87,13 @@ def _copied_in(source: Path, root: Path) -> Path:
 def same_model(path: Path, state: TrainState) -> None:
     """CheckpointError unless the checkpoint holds every tensor this rank's module has, in the same
     shape and dtype (and, for a whole model, no other): from DCP's metadata, before any load."""
-    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = _metadata(path)
     saved = [
         [k.removeprefix("model."), list(m.size), str(m.properties.dtype)]
         for k, m in metadata.items()
-        if k.startswith("model.") and isinstance(m, dcp.metadata.TensorStorageMetadata)
+        if k.startswith("model.") and isinstance(m, TensorStorageMetadata)
     ]
     mine = state.signature()
     names = {s[0] for s in mine}
@@ -118,7 +118,14 @@ def visible(path: Path, name: str, ctx: DistContext) -> Path:
     return path / name
 
 
+def _metadata(path: Path) -> dict:
+    """DCP's metadata of a checkpoint's state: each saved key's shape and type, no tensor read."""
+    import torch.distributed.checkpoint as dcp  # not at the top: every pyflyte run imports this module; only training needs DCP (and DTensor, sympy)
+
+    return dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
+
+
 def holds_best(path: Path) -> bool:
     """Whether the checkpoint holds early stopping's kept weights beside the model."""
-    metadata = dcp.FileSystemReader(str(path / STATE)).read_metadata().state_dict_metadata
+    metadata = _metadata(path)
     return any(k.startswith("best.") for k in metadata)

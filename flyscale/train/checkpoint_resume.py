@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from flyscale.train import reshard
 from flyscale.train.checkpoint_choice import holds_best, newest_whole, same_model, visible
@@ -116,6 +115,8 @@ class Resumer:
             state.keep_best()
         # Collective: each rank reads the slices of what was saved that make up what it holds now.
         held = state.sharded_state()
+        import torch.distributed.checkpoint as dcp  # not at the top: every pyflyte run imports this module; only training needs DCP (and DTensor, sympy)
+
         dcp.load(held, checkpoint_id=path / STATE)
         state.load_sharded_state(held)
         state.load_schedule_state(mine["schedule"])
