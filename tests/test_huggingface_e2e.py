@@ -3,13 +3,14 @@ tiny-checkpoint llama` saves the checkpoint, `pyflyte run ... --cfg configs/text
 fine-tunes it under fsdp on 2 workers (each decoder layer a unit) and registers it, `mlflow
 models serve` answers a prompt over HTTP, and the version written back out by `flyscale
 huggingface` continues the prompt in `transformers` with the same words. A tokenizer replaced
-under the same folder tokenizes the documents again. A LoRA run, a ViT on the image preset and a
-BERT on labelled text go through the same pipeline."""
+under the same folder tokenizes the documents again. A LoRA run (Ctrl-C'd, then resumed), a ViT on
+the image preset and a BERT on labelled text go through the same pipeline."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +22,7 @@ import torch
 from conftest import BIN, REPO, run_pipeline
 
 from flyscale.serving import servers
+from tests.test_resume_e2e import _ctrl_c_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -38,9 +40,12 @@ def checkpoint(tmp_path_factory):
     return out
 
 
-def _fine_tune(prefix: str, checkpoint, tmp_path, uri: str, more: dict | None = None) -> tuple[str, str]:
+def _fine_tune(
+    prefix: str, checkpoint, tmp_path, uri: str, more: dict | None = None, ctrl_c_at: int = 0
+) -> tuple[str, str]:
     """`pyflyte run ... --cfg configs/text-llama.yaml` on `checkpoint` (and `more`, merged last);
-    the registered name and the output. It must succeed."""
+    the registered name and the output. It must succeed. `ctrl_c_at`: the same command is first
+    Ctrl-C'd once a checkpoint of that step is written (test_resume_e2e's `_ctrl_c_after`)."""
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     mine = {
         "model": {"options": {"path": str(checkpoint)}},
@@ -50,9 +55,13 @@ def _fine_tune(prefix: str, checkpoint, tmp_path, uri: str, more: dict | None = 
     args = ["--cfg", "configs/text-llama.yaml", "--cfg", json.dumps(mine)]
     if more:
         args += ["--cfg", json.dumps(more)]
-    proc = run_pipeline(tmp_path, *args, env={"MLFLOW_TRACKING_URI": uri}, timeout=900)
+    env = {"MLFLOW_TRACKING_URI": uri}
+    left = _ctrl_c_after(tmp_path, args, env, ctrl_c_at, tmp_path / "interrupted.log") if ctrl_c_at else 0
+    proc = run_pipeline(tmp_path, *args, env=env, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
+    if left:
+        assert f"  training    resumed from step {left} (" in out, out[-3000:]
     return name, out
 
 
@@ -152,16 +161,21 @@ def test_a_saved_causal_lm_fine_tunes_under_fsdp_registers_and_answers_over_http
     assert "cache       ran tokenize_text; from the cache: combine_shards, prepare_shard" in proc.stdout + proc.stderr
 
 
-def test_lora_trains_under_five_percent_of_the_weights_and_registers_them_merged(checkpoint, tmp_path, mlflow_server):
-    """The same preset with model.options.lora: the summary counts the adapters, and what is
-    registered is a plain model with them merged in (transformers loads it without peft, and it
-    answers as the registered ONNX model does)."""
+def test_lora_trains_under_five_percent_of_the_weights_resumes_after_ctrl_c_and_registers_them_merged(
+    checkpoint, tmp_path, mlflow_server
+):
+    """The same preset with model.options.lora, Ctrl-C'd mid-training and run again: it resumes
+    from its sharded checkpoint of the adapters, the summary counts them, and what is registered
+    is a plain model with them merged in (transformers loads it without peft, and it answers as
+    the registered ONNX model does)."""
     lora = {
         "model": {"options": {"lora": {"r": 4, "alpha": 8}}},
         "train": {"lr": 0.01},
         "gate": [{"name": "min_metric", "options": {"metric": "perplexity", "threshold": 1000}}],
+        "recovery": {"checkpoint_every_steps": 10},
     }
-    name, out = _fine_tune("hf-lora", checkpoint, tmp_path, mlflow_server, lora)
+    name, out = _fine_tune("hf-lora", checkpoint, tmp_path, mlflow_server, lora, ctrl_c_at=10)
+    assert re.search(r"; \d+ of \d+ steps computed after it", out), out[-3000:]
     assert "parameters  1,792 of 108,736 trained (1.65%; the rest frozen)" in out
     assert f"registered  {name} v1" in out
 
