@@ -8,11 +8,21 @@ thread each, on a GPT with tied embeddings, in one run:
   the ring algorithms: ddp all-reduces the gradients once; fsdp all-gathers the parameters for
   forward and again for backward and reduce-scatters the gradients, which gloo builds on an
   all-reduce (twice NCCL's bytes). Goal >= 0.75x.
+- starting weights: the anonymous memory (RssAnon: not the page cache) a worker takes at its
+  peak while it loads a fine-tune's starting weights (a whole state_dict file) into its fsdp
+  shards, as `TrainState.load_start` does it (the file memory-mapped) against the file read
+  whole first, on a stack of Linear layers (192 MiB). Goal <= 0.6x.
 """
 
 from __future__ import annotations
 
+import tempfile
+import threading
+import time
+from pathlib import Path
+
 import torch
+from torch import nn
 
 from benchmarks.common import interleaved, on_ranks
 from flyscale.api import DatasetInfo, FieldSpec
@@ -22,10 +32,12 @@ from flyscale.plugin import registry
 from flyscale.train import trainer
 from flyscale.train.batches import TrainData
 from flyscale.train.distributed import DistContext
+from flyscale.train.state import TrainState
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
 from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
 
-MEMORY_GOAL, SPEED_GOAL = 0.55, 0.75
+MEMORY_GOAL, SPEED_GOAL, START_GOAL = 0.55, 0.75, 0.6
+START_LAYERS, START_WIDTH = 12, 2048  # 50M parameters: 192 MiB of starting weights
 VOCAB, SEQ = 256, 65
 GPT = {"layers": 4, "heads": 4, "width": 256}
 ROWS, BATCH, EPOCHS, ROUNDS = 768, 16, 3, 2  # per-worker batch
@@ -61,6 +73,71 @@ def _train(ctx: DistContext, name: str) -> tuple[list[float], list[float]]:
     return [m.samples_per_s for m in run.history.epochs[1:]], run.history.state_mb
 
 
+def _anonymous_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no RssAnon in /proc/self/status (Linux only)")
+
+
+def _stack() -> nn.Module:
+    return nn.Sequential(*[nn.Linear(START_WIDTH, START_WIDTH) for _ in range(START_LAYERS)])
+
+
+def _start_load(ctx: DistContext, path: str, mapped: bool) -> float:
+    """MiB of anonymous memory above what the rank held with its empty shards, at the peak of
+    loading the starting weights into them (sampled every 5 ms)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    with torch.device("meta"):
+        model = _stack()
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    state = TrainState(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    before, peak, done = _anonymous_bytes(), [0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _anonymous_bytes())
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    if mapped:
+        state.load_start(path)
+    else:  # the same load, the file read whole first (as load_start did before it mapped it)
+        whole = torch.load(path, map_location="cpu", weights_only=True)
+        options = StateDictOptions(full_state_dict=True, strict=True)
+        set_model_state_dict(model, {k: whole[k] for k in model.state_dict()}, options=options)
+    done.set()
+    watcher.join()
+    return (max(peak[0], _anonymous_bytes()) - before) / 2**20
+
+
+def starting_weights() -> None:
+    """Print the starting-weights measurement (see the module's docstring)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "start.pt")
+        torch.save(_stack().state_dict(), path)
+        mib = Path(path).stat().st_size / 2**20
+        rounds = {"mapped": [], "read": []}
+        for _ in range(ROUNDS):
+            for how in rounds:
+                rounds[how].append(max(on_ranks(_start_load, path, how == "mapped")))
+    mapped, read = min(rounds["mapped"]), min(rounds["read"])
+    ratio = mapped / read
+    print(
+        f"  start   a worker's anonymous memory at its peak, loading {mib:.0f} MiB of starting weights into its fsdp "
+        f"shards: memory-mapped {mapped:.0f} MiB, read whole {read:.0f} MiB (the larger rank, the smaller of "
+        f"{ROUNDS} rounds): {ratio:.3f}x (goal <= {START_GOAL}: {'met' if ratio <= START_GOAL else 'NOT met'})"
+    )
+
+
 def main() -> None:
     params = sum(p.numel() for p in build_model(ModelConfig(name="gpt", options=GPT), INFO, meta=True).parameters())
     held: dict[str, list[float]] = {}
@@ -92,6 +169,7 @@ def main() -> None:
         f"  speed   ddp {max(rates['ddp']):,.0f} samples/s, fsdp {max(rates['fsdp']):,.0f} samples/s (fastest epochs): "
         f"{speed:.3f}x (goal >= {SPEED_GOAL}: {'met' if speed >= SPEED_GOAL else 'NOT met'})"
     )
+    starting_weights()
 
 
 if __name__ == "__main__":

@@ -36,10 +36,14 @@ class TrainState:
 
     def load_start(self, path: str) -> None:
         """Load the whole model's weights from a state_dict file into what this rank holds of it: all
-        of them, its shards of each (fsdp, tp), or its stage's layers (pipeline)."""
+        of them, its shards of each (fsdp, tp), or its stage's layers (pipeline).
+
+        The file is memory-mapped, not read: its pages are the operating system's (shared by the
+        workers of a node, and dropped under pressure), so no worker holds a private copy of the
+        whole model on its way to its part of it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        whole = torch.load(path, map_location="cpu", weights_only=True)
+        whole = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         mine = self.module.state_dict()
         missing = [k for k in mine if k not in whole]
         if missing or (not self.stage and len(whole) != len(mine)):
