@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlflow
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -491,3 +492,18 @@ def test_a_classifier_of_labelled_text_takes_documents_and_tokenizes_them_as_tra
     ]:
         status, body = _ask(served, json.dumps({"inputs": inputs}))
         assert status == 400 and message in body["message"], body
+    # Batch prediction of a dataset of documents (flyscale.serving.batch, as workflows/predict.py
+    # runs it per shard) tokenizes them with the version's tokenizer: the same probabilities.
+    from flyscale.config import DataConfig
+    from flyscale.serving import batch
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "hi"}\n{"text": "é twelve bytes"}\n')
+    data = DataConfig(dataset="text", options={"path": str(docs)})
+    scored = batch.score_part(data, str(docs), str(tmp_path / "model"), tmp_path / "out" / "p.parquet")
+    table = pq.read_table(scored.path)
+    assert table.column("_source_row").to_pylist() == [0, 1] and scored.rows == 2
+    np.testing.assert_allclose(table.column("scores").to_pylist(), _probabilities(path, rows), atol=1e-6)
+    docs.write_text('{"text": "fine"}\n{"text": "   "}\n')
+    with pytest.raises(batch.BatchPredictError, match=r"docs.jsonl row 1: text is an empty document"):
+        batch.score_part(data, str(docs), str(tmp_path / "model"), tmp_path / "out2" / "p.parquet")

@@ -1,6 +1,8 @@
 """Batch prediction: a dataset's rows scored by a registered version, one piece of the dataset
 (a file of rows, or a shard of typed examples such as images) at a time, each written as
-Parquet beside its input key. Images are decoded and scaled as training reads them.
+Parquet beside its input key. Images are decoded and scaled as training reads them; documents,
+for a classifier trained on labelled text, are tokenized by the tokenizer the version carries,
+as training tokenized them.
 
 A piece's output has one row per input row, in order: the origin (`_source_file`,
 `_source_row`: the input key), `model` (models:/NAME/VERSION, the version that scored it),
@@ -98,6 +100,13 @@ def load(model_uri: str, into: Path) -> tuple[Any, DatasetInfo]:
     return _model(code, files, spec), as_dataset_info(spec["info"], f"{model_uri}'s spec")
 
 
+def reads_documents(model: Any) -> bool:
+    """Whether the loaded version is a classifier of text: it takes documents and tokenizes them."""
+    from flyscale.export.onnx_pyfunc.predictor import Served
+
+    return isinstance(model, Served) and model.text is not None
+
+
 def _flyscale_code(model_uri: str, local: Path) -> str:
     """Which of flyscale's models the downloaded version is (a key of CODE), read from its MLmodel
     file alone; BatchPredictError naming what it is otherwise."""
@@ -147,7 +156,8 @@ def _model(code: str, files: dict[str, Path], spec: dict) -> Any:
         return _PyTorchModel(files, spec)
     from flyscale.export.onnx_pyfunc.predictor import load
 
-    return load(str(files["onnx"]), str(files["serving"]))
+    tokenizer = files.get("tokenizer")  # a classifier of text tokenizes the documents it scores
+    return load(str(files["onnx"]), str(files["serving"]), str(tokenizer) if tokenizer else None)
 
 
 def _inputs(cfg: DataConfig, name: str, info: DatasetInfo) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
@@ -189,8 +199,11 @@ def score_part(cfg: DataConfig, name: str, model_uri: str, out: Path) -> Scored:
     model, info = load(model_uri, out.parent / "model")
     writer: pq.ParquetWriter | None = None
     rows = 0
+    pieces = (
+        _documents(cfg, name, model.limits["max_prompt_chars"]) if reads_documents(model) else _inputs(cfg, name, info)
+    )
     try:
-        for origin, x in _inputs(cfg, name, info):
+        for origin, x in pieces:
             answer = _answers(model, x)
             table = _table(origin, answer, model_uri)
             if writer is None:
@@ -206,6 +219,35 @@ def score_part(cfg: DataConfig, name: str, model_uri: str, out: Path) -> Scored:
     return Scored(rows, str(out))
 
 
+def _documents(cfg: DataConfig, name: str, chars: int) -> Iterator[tuple[pd.DataFrame, np.ndarray]]:
+    """(origin columns, the documents as strings) of the shard `name` of a dataset of documents,
+    each cut at `chars` characters (what the served model reads of one; it tokenizes far fewer);
+    a document that is not UTF-8 text, or is empty, stops the scoring naming its file and row."""
+    field = source.info(cfg).input()
+    if field is None or field.dtype != "string":
+        raise BatchPredictError(
+            f"the version is a classifier of text (it reads documents); dataset {cfg.dataset!r} has "
+            f"{field if field is not None else 'a table of features'}, not documents"
+        )
+    for batch in source.examples(cfg, name):
+        table = pa.Table.from_batches([batch])
+        origin = table.select([SOURCE_FILE, SOURCE_ROW]).to_pandas()
+        docs = np.empty(table.num_rows, dtype=object)
+        for i, value in enumerate(table.column(field.name).to_pylist()):
+            try:
+                docs[i] = value.decode("utf-8") if isinstance(value, bytes) else value
+            except UnicodeDecodeError:
+                docs[i] = None
+            if not docs[i] or not docs[i].strip():
+                at = origin.iloc[i]
+                what = "no text" if docs[i] is None else "an empty document"
+                raise BatchPredictError(
+                    f"{at[SOURCE_FILE]} row {at[SOURCE_ROW]}: {field.name} is {what}, nothing to score"
+                )
+            docs[i] = docs[i][:chars]
+        yield origin, docs
+
+
 def _answers(model: Any, x: np.ndarray) -> np.ndarray:
     """The model's answer for each row; NaN for a row with a missing value, which the served
     model refuses, so that every row is still scored in order (none, for an empty file, which
@@ -213,6 +255,8 @@ def _answers(model: Any, x: np.ndarray) -> np.ndarray:
     most = int(model.limits["max_rows"])  # what one request may ask of the served model
     if len(x) > most:
         return np.concatenate([_answers(model, x[i : i + most]) for i in range(0, len(x), most)])
+    if x.dtype == object:  # documents, checked as they were read
+        return np.asarray(model.predict(x))
     finite = np.isfinite(x).reshape(len(x), -1).all(axis=1) if len(x) else np.zeros(0, dtype=bool)
     if len(x) and finite.all():
         return np.asarray(model.predict(x))
