@@ -6,9 +6,10 @@ splits by document and then tokenizes and packs (the `tokenize` config section).
 - `text`: your own documents: text files (a whole file, or its paragraphs or lines, each a
   document), JSONL with a text field, or Parquet with a text column; a file, a directory or an
   `s3://` prefix, one shard per file, and a file larger than `shard_bytes` cut into byte ranges
-  of that size, each a shard of its own (plugins/text_files.py). With `label` (a JSONL key or a
-  Parquet column) and `classes`, each document has a class: a labelled dataset, which flyscale
-  tokenizes one row per document for a classifier instead of packing it for a language model.
+  of that size, each a shard of its own (plugins/text_files.py). With `classes`, and `label` (a
+  JSONL key or a Parquet column) or `label_from_folder` (`root/<class>/*.txt`), each document has
+  a class: a labelled dataset, which flyscale tokenizes one row per document for a classifier
+  instead of packing it for a language model.
 
 Text comes as the file's bytes wherever it can, so flyscale, not this plugin, decides what does
 not decode as UTF-8 (and quarantines it with its file and position). Files are read a line at a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import posixpath
 import re
 import sys
 from collections.abc import Iterator
@@ -117,13 +119,26 @@ class TextOptions:
     # document whose class is missing or not listed is quarantined, naming it. "": documents alone.
     label: str = ""
     classes: list[str] = dataclasses.field(default_factory=list)
+    # Or each file's documents have the class its folder is named after (root/<class>/*.txt, the
+    # layout of many labelled corpora), for any format.
+    label_from_folder: bool = False
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.label) or self.label_from_folder
 
     def __post_init__(self):
-        if bool(self.label) != bool(self.classes):
+        if self.label and self.label_from_folder:
             raise ValueError(
-                "data.options.label and data.options.classes go together: label names the JSONL key or Parquet "
-                f"column holding each document's class, classes lists them in label order (got label={self.label!r}, "
-                f"classes={self.classes!r})"
+                f"data.options.label ({self.label!r}) and data.options.label_from_folder both say where the class is: "
+                "set one"
+            )
+        if self.labelled != bool(self.classes):
+            raise ValueError(
+                "data.options.classes goes with data.options.label or label_from_folder: label names the JSONL key or "
+                "Parquet column holding each document's class (label_from_folder: the folder holding its file), "
+                f"classes lists them in label order (got label={self.label!r}, "
+                f"label_from_folder={self.label_from_folder}, classes={self.classes!r})"
             )
         if self.classes:
             self.classes = [str(c) for c in self.classes]
@@ -181,7 +196,8 @@ class Text:
     def fingerprint(self, options: TextOptions) -> str:
         """Each file's version (`sources.listing`) and how its documents (and classes) are read."""
         listing = [(s.uri, s.version) for s in self._files(options, versions=True)]
-        how = [listing, options.field, options.document] + ([options.label, options.classes] if options.label else [])
+        labelled = [options.label, options.label_from_folder, options.classes] if options.labelled else []
+        how = [listing, options.field, options.document, *labelled]
         return "text " + hashlib.sha256(json.dumps(how).encode()).hexdigest()
 
     def shards(self, options: TextOptions) -> list[str]:
@@ -200,6 +216,13 @@ class Text:
 
     def examples(self, options: TextOptions, shard: str) -> Iterator[pa.RecordBatch]:
         """One shard's documents, `batch_rows` (and at most BATCH_BYTES) at a time."""
+        batches = self._read(options, shard)
+        if options.label_from_folder:
+            ranged = RANGE.match(shard)
+            batches = _folder_class(batches, ranged["uri"] if ranged else shard, options)
+        yield from batches
+
+    def _read(self, options: TextOptions, shard: str) -> Iterator[pa.RecordBatch]:
         ranged = RANGE.match(shard)
         uri = ranged["uri"] if ranged else shard
         start, end = (int(ranged["start"]), int(ranged["end"])) if ranged else (0, None)
@@ -213,7 +236,8 @@ class Text:
         if kind == "txt" and options.label:
             raise ValueError(
                 f"{source.uri}: a text file holds no classes; a labelled dataset (data.options.label) is JSONL or "
-                f"Parquet, each document beside its class"
+                f"Parquet, each document beside its class; or set data.options.label_from_folder for text files in "
+                f"a folder per class"
             )
         docs, keys, problems, labels, held, first = [], [], [], [], 0, 0
         with sources.open_file(source) as f:
@@ -261,6 +285,21 @@ def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.Record
             labels, problems = [c for c, _ in found], [p for _, p in found]
             yield _batch(batch.column(0).cast(target), source.uri, first, keys, problems, labels)
         first += n
+
+
+def _folder_class(batches: Iterator[pa.RecordBatch], uri: str, options: TextOptions) -> Iterator[pa.RecordBatch]:
+    """The batches of the file `uri` with the class its folder is named after, for every document
+    (or, for a folder that is not a class, that reason for each one without a reason already)."""
+    folder = posixpath.basename(posixpath.dirname(uri))
+    label, problem = _class_of(folder, options)
+    if problem:
+        problem = f"{LABEL}: class (got the folder {folder!r}, not one of data.options.classes {options.classes})"
+    for batch in batches:
+        columns = {name: batch.column(name) for name in batch.schema.names if name != LABEL}
+        columns[LABEL] = pa.array([label] * batch.num_rows, pa.int64())
+        said = batch.column(SOURCE_PROBLEM).to_pylist()
+        columns[SOURCE_PROBLEM] = pa.array([p or problem for p in said], pa.string())
+        yield pa.record_batch(columns)
 
 
 def _class_of(value: object, options: TextOptions) -> tuple[int | None, str | None]:

@@ -373,11 +373,32 @@ def test_a_labelled_jsonl_or_parquet_gives_each_document_its_class_or_the_reason
     assert TEXT.fingerprint(options) != TEXT.fingerprint(TextOptions(path=str(tmp_path / "a.jsonl")))
 
 
+def test_text_files_in_a_folder_per_class_have_their_folders_class(tmp_path):
+    """label_from_folder: root/<class>/*.txt (any format); a file in a folder that is not a class
+    has every document quarantined, naming the folder."""
+    for folder, name, body in [("pos", "a.txt", "good\n\nfine"), ("neg", "b.txt", "bad"), ("misc", "c.txt", "meh")]:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_text(body)
+    options = TextOptions(path=str(tmp_path), document="paragraph", label_from_folder=True, classes=["neg", "pos"])
+    rows = _examples(TEXT, options)
+    assert sorted((r["text"], r["label"], r["_source_problem"]) for r in rows) == [
+        (b"bad", 0, None),
+        (b"fine", 1, None),
+        (b"good", 1, None),
+        (b"meh", None, "label: class (got the folder 'misc', not one of data.options.classes ['neg', 'pos'])"),
+    ]
+    assert TEXT.info(options).num_classes == 2
+    checked = example_checks.check_batch(pa.Table.from_pylist(rows), TEXT.info(options), "folders")
+    assert checked.bad.tolist() == [r["label"] is None for r in rows]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"label": "kind"}, "label and data.options.classes go together"),
-        ({"classes": ["a", "b"]}, "label and data.options.classes go together"),
+        ({"label": "kind"}, "classes goes with data.options.label or label_from_folder"),
+        ({"classes": ["a", "b"]}, "classes goes with data.options.label or label_from_folder"),
+        ({"label_from_folder": True}, "classes goes with data.options.label or label_from_folder"),
+        ({"label": "kind", "label_from_folder": True, "classes": ["a", "b"]}, "both say where the class is"),
         ({"label": "kind", "classes": ["a"]}, r"at least 2 distinct classes, got \['a'\]"),
         ({"label": "kind", "classes": ["a", "a"]}, "at least 2 distinct classes"),
         ({"label": "text", "classes": ["a", "b"]}, "label and data.options.field both name 'text'"),
