@@ -80,9 +80,11 @@ def _newest_step(root: Path) -> int:
 
 
 def _whole_json(path: Path) -> bool:
+    """Whether `path` holds whole JSON now: not half-written, and not pruned (the mirror drops the
+    uploads older than its newest few, so a manifest a glob just listed may be gone when read)."""
     try:
         json.loads(path.read_text())
-    except ValueError:
+    except (ValueError, FileNotFoundError):
         return False
     return True
 

@@ -217,11 +217,12 @@ def rows_split(
         encoded = tokenizer.encode_batch(batch)
         out = np.full((len(encoded), seq_len), tokenizer.pad, dtype="int32")
         for i, ids in enumerate(encoded):
-            kept = ids[:seq_len]
-            out[i, : len(kept)] = kept
-            counts += np.bincount(kept, minlength=tokenizer.vocab_size)
-            truncated += len(ids) > seq_len
-            tokens += len(ids)
+            out[i, : min(len(ids), seq_len)] = ids[:seq_len]
+        lengths = np.array([len(ids) for ids in encoded], dtype="int64")
+        kept = np.concatenate([ids[:seq_len] for ids in encoded]) if encoded else np.zeros(0, dtype="int32")
+        counts += np.bincount(kept, minlength=tokenizer.vocab_size)
+        truncated += int((lengths > seq_len).sum())
+        tokens += int(lengths.sum())
         documents += len(batch)
         utf8 += len("".join(batch).encode("utf-8"))
         labels = group.column(info.label_column).to_numpy()
