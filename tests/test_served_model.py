@@ -504,6 +504,10 @@ def test_a_classifier_of_labelled_text_takes_documents_and_tokenizes_them_as_tra
     table = pq.read_table(scored.path)
     assert table.column("_source_row").to_pylist() == [0, 1] and scored.rows == 2
     np.testing.assert_allclose(table.column("scores").to_pylist(), _probabilities(path, rows), atol=1e-6)
-    docs.write_text('{"text": "fine"}\n{"text": "   "}\n')
-    with pytest.raises(batch.BatchPredictError, match=r"docs.jsonl row 1: text is an empty document"):
-        batch.score_part(data, str(docs), str(tmp_path / "model"), tmp_path / "out2" / "p.parquet")
+    for line, why in [
+        ('{"text": "   "}', "text is an empty document"),
+        ("not json", r"text could not be read \(text: json"),
+    ]:
+        docs.write_text('{"text": "fine"}\n' + line + "\n")
+        with pytest.raises(batch.BatchPredictError, match=rf"docs.jsonl row 1: {why}"):
+            batch.score_part(data, str(docs), str(tmp_path / "model"), tmp_path / "out2" / "p.parquet")

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from flyscale.config import DataConfig
 from flyscale.data import fields, source
 from flyscale.plugin.data_kind import DataKind, declared_kind
-from flyscale.plugin.records import SOURCE_FILE, SOURCE_ROW, DatasetInfo, as_dataset_info
+from flyscale.plugin.records import SOURCE_FILE, SOURCE_PROBLEM, SOURCE_ROW, DatasetInfo, as_dataset_info
 
 log = logging.getLogger(__name__)
 
@@ -232,20 +232,29 @@ def _documents(cfg: DataConfig, name: str, chars: int) -> Iterator[tuple[pd.Data
     for batch in source.examples(cfg, name):
         table = pa.Table.from_batches([batch])
         origin = table.select([SOURCE_FILE, SOURCE_ROW]).to_pandas()
-        docs = np.empty(table.num_rows, dtype=object)
+        n = table.num_rows
+        problems = table.column(SOURCE_PROBLEM).to_pylist() if SOURCE_PROBLEM in table.column_names else [None] * n
+        docs = np.empty(n, dtype=object)
         for i, value in enumerate(table.column(field.name).to_pylist()):
-            try:
-                docs[i] = value.decode("utf-8") if isinstance(value, bytes) else value
-            except UnicodeDecodeError:
-                docs[i] = None
-            if not docs[i] or not docs[i].strip():
+            text, why = _document(value, problems[i])
+            if why:
                 at = origin.iloc[i]
-                what = "no text" if docs[i] is None else "an empty document"
-                raise BatchPredictError(
-                    f"{at[SOURCE_FILE]} row {at[SOURCE_ROW]}: {field.name} is {what}, nothing to score"
-                )
-            docs[i] = docs[i][:chars]
+                raise BatchPredictError(f"{at[SOURCE_FILE]} row {at[SOURCE_ROW]}: {field.name} {why}, nothing to score")
+            docs[i] = text[:chars]
         yield origin, docs
+
+
+def _document(value: Any, problem: str | None) -> tuple[str, str]:
+    """(the document's text, "") or ("", why it cannot be scored). `problem` is what the dataset
+    said of the example: why its text is missing (a line over its cap, one that is not JSON), or
+    something of no matter here (its class, in a labelled dataset)."""
+    if value is None:
+        return "", f"could not be read ({problem})" if problem else "is missing"
+    try:
+        text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        return "", f"is not UTF-8 (byte {exc.start})"
+    return (text, "") if text.strip() else ("", "is an empty document")
 
 
 def _answers(model: Any, x: np.ndarray) -> np.ndarray:

@@ -95,9 +95,8 @@ def model_args(files: ModelFiles, name: str, tmp: str) -> dict:
         how["input"] = {"dtype": "int64" if tokens else "float32", "shape": model_input_shape(context.info)}
         if field is not None and field.dtype == "uint8":  # pixels: the served model scales them as training did
             how["input"]["pixels"] = {"divisor": PIXEL_DIVISOR}
-        if (
-            files.tokenizer_json and how["output"] != "text"
-        ):  # a classifier of text: tokenizes documents as training did
+        # A classifier of text takes documents too, and tokenizes them as training did.
+        if files.tokenizer_json and how["output"] != "text":
             pad = text_tokenizers.from_json(files.tokenizer_json).pad
             how["input"]["text"] = {"seq_len": model_input_shape(context.info)[0], "pad": pad}
         how["limits"] = {**LIMITS, **files.limits}  # enforced wherever the model is served
