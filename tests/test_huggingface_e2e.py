@@ -30,15 +30,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 PROMPTS = ["The ", "Lists "]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """The preset's checkpoint, made by the command its comment gives."""
-    out = tmp_path_factory.mktemp("checkpoints") / "tiny-llama"
+def _tiny_checkpoint(out, arch: str, *options: str):
+    """`flyscale tiny-checkpoint ARCH OPTIONS --out OUT`, as the docs give it; it must succeed."""
     made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "llama", "--out", str(out)], capture_output=True, text=True
+        [str(BIN / "flyscale"), "tiny-checkpoint", arch, *options, "--out", str(out)], capture_output=True, text=True
     )
     assert made.returncode == 0, made.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """The preset's checkpoint, made by the command its comment gives."""
+    return _tiny_checkpoint(tmp_path_factory.mktemp("checkpoints") / "tiny-llama", "llama")
 
 
 def _fine_tune(
@@ -191,13 +195,7 @@ def test_lora_trains_under_five_percent_of_the_weights_resumes_after_ctrl_c_and_
 def test_an_image_classifier_checkpoint_fine_tunes_on_the_image_preset(tmp_path, mlflow_server):
     """A ViT saved by `flyscale tiny-checkpoint vit` on the shapes preset's images (made smaller),
     under fsdp: its weights start the run, ONNX answers as PyTorch does, and it is registered."""
-    vit = tmp_path / "tiny-vit"
-    made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "vit", "--labels", "4", "--image-size", "16", "--out", str(vit)],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
+    vit = _tiny_checkpoint(tmp_path / "tiny-vit", "vit", "--labels", "4", "--image-size", "16")
     name = f"hf-vit-{uuid.uuid4().hex[:8]}"
     mine = {
         "data": {"options": {"rows": 400, "size": 16}},
@@ -226,14 +224,7 @@ def test_a_sequence_classifier_checkpoint_fine_tunes_on_digits_read_as_token_ids
     64 pixel intensities as token ids) under fsdp, as docs/huggingface.md gives it: its weights
     start the run, it learns (above chance, 0.1) and it is registered. (What its served model and
     `flyscale huggingface` answer is the labelled-text test's.)"""
-    bert = tmp_path / "tiny-bert"
-    made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "bert", "--labels", "10", "--width", "32", "--layers", "1"]
-        + ["--out", str(bert)],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
+    bert = _tiny_checkpoint(tmp_path / "tiny-bert", "bert", "--labels", "10", "--width", "32", "--layers", "1")
     name = f"hf-bert-{uuid.uuid4().hex[:8]}"
     mine = {
         "data": {"dataset": "digit_tokens"},
@@ -276,14 +267,7 @@ def test_a_sequence_classifier_fine_tunes_on_labelled_text_and_its_served_model_
     data = tmp_path / "code-or-prose.jsonl"
     with data.open("a") as f:
         f.write(json.dumps({"text": "Shall I compare thee to a summer's day?", "kind": "poetry"}) + "\n")
-    bert = tmp_path / "tiny-bert-2"
-    made = subprocess.run(
-        [str(BIN / "flyscale"), "tiny-checkpoint", "bert", "--labels", "2", "--width", "32", "--layers", "1"]
-        + ["--out", str(bert)],
-        capture_output=True,
-        text=True,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
+    bert = _tiny_checkpoint(tmp_path / "tiny-bert-2", "bert", "--labels", "2", "--width", "32", "--layers", "1")
     name = f"hf-bert-text-{uuid.uuid4().hex[:8]}"
     cfg["data"]["options"]["path"] = str(data)
     cfg["model"]["options"]["path"] = cfg["tokenize"]["tokenizer"] = str(bert)

@@ -215,12 +215,12 @@ def rows_split(
         group = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=[info.input_field, info.label_column])
         batch = group.column(info.input_field).to_pylist()
         encoded = tokenizer.encode_batch(batch)
-        out = np.full((len(encoded), seq_len), tokenizer.pad, dtype="int32")
-        for i, ids in enumerate(encoded):
-            out[i, : min(len(ids), seq_len)] = ids[:seq_len]
+        kept = [ids[:seq_len] for ids in encoded]
+        out = np.full((len(kept), seq_len), tokenizer.pad, dtype="int32")
+        for i, ids in enumerate(kept):
+            out[i, : len(ids)] = ids
         lengths = np.array([len(ids) for ids in encoded], dtype="int64")
-        kept = np.concatenate([ids[:seq_len] for ids in encoded]) if encoded else np.zeros(0, dtype="int32")
-        counts += np.bincount(kept, minlength=tokenizer.vocab_size)
+        counts += np.bincount(np.concatenate(kept) if kept else np.zeros(0, "int32"), minlength=tokenizer.vocab_size)
         truncated += int((lengths > seq_len).sum())
         tokens += int(lengths.sum())
         documents += len(batch)
