@@ -1,4 +1,10 @@
-"""Run a function on N real processes joined by gloo, as torch-elastic would start them."""
+"""Run a function on N real processes joined by gloo, as torch-elastic would start them.
+
+The ranks are forked from a forkserver: one clean process per test worker that imported torch and
+flyscale's training modules once. A spawned rank imports them itself, seconds of CPU for every
+process of every call, and the suite is CPU-bound on its two cores. Each rank still
+starts as a spawned one would: its own process, the caller's environment, no state of the test's.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +16,27 @@ import torch.multiprocessing as mp
 
 from tests.conftest import free_port
 
+# What every rank imports: the forkserver imports it once, before it forks any rank.
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "flyscale.train.trainer",
+    "flyscale.train.strategies",
+    "tests.distributed_helpers",
+]
 
-def _entry(rank: int, world: int, port: int, fn, args, results):
+
+def context():
+    """The multiprocessing context that starts ranks (see the module's docstring)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _entry(rank: int, world: int, port: int, fn, args, results, environ):
+    # The environment of the call, as a spawned process would have it (the forkserver's is its own, from when it started).
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -30,12 +55,14 @@ def _entry(rank: int, world: int, port: int, fn, args, results):
 
 
 def run_on_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
-    """fn(*args) on `world` spawned processes; returns each rank's result, in rank order."""
-    ctx = mp.get_context("spawn")
+    """fn(*args) on `world` processes; returns each rank's result, in rank order."""
+    ctx = context()
     with ctx.Manager() as manager:
         results = manager.dict()
         port = free_port()
-        procs = [ctx.Process(target=_entry, args=(r, world, port, fn, args, results)) for r in range(world)]
+        procs = [
+            ctx.Process(target=_entry, args=(r, world, port, fn, args, results, dict(os.environ))) for r in range(world)
+        ]
         for p in procs:
             p.start()
         for p in procs:

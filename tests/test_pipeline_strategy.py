@@ -32,6 +32,7 @@ from flyscale_plugins.strategies.pipeline import (
     split_model,
     train_loader,
 )
+from tests.distributed_helpers import context
 
 WIDE = (256, 256, 256)  # four Linear layers of which the balanced split puts two on each stage
 INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
@@ -73,9 +74,11 @@ def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tupl
 
 
 def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: float = 90) -> list:
-    """Run `scenario` on `world` spawned ranks; every rank's result, in rank order. Never hangs."""
+    """Run `scenario` on `world` ranks; every rank's result, in rank order. Never hangs."""
     worker_args = (world, free_port(), str(out_dir), scenario, args)
-    procs = mp.start_processes(_worker, args=worker_args, nprocs=world, join=False, start_method="spawn")
+    # Forked from the helpers' forkserver, which imported torch and flyscale once (tests/distributed_helpers.py).
+    start_method = context().get_start_method()
+    procs = mp.start_processes(_worker, args=worker_args, nprocs=world, join=False, start_method=start_method)
     deadline = time.monotonic() + timeout_s
     try:
         # join() re-raises a rank's exception with its traceback and stops the other ranks.
