@@ -1,8 +1,8 @@
 """Built-in text datasets: documents, which flyscale validates (UTF-8, not empty, no duplicates),
 splits by document and then tokenizes and packs (the `tokenize` config section).
 
-- `python_docs`: the English that ships with Python itself, `pydoc_data.topics` (about 0.46 MB),
-  one document per help topic. Nothing is downloaded.
+- `python_docs` (plugins/python_docs.py): the English that ships with Python itself, one document
+  per help topic.
 - `text`: your own documents: text files (a whole file, or its paragraphs or lines, each a
   document), JSONL with a text field, or Parquet with a text column; a file, a directory or an
   `s3://` prefix, one shard per file, and a file larger than `shard_bytes` cut into byte ranges
@@ -25,7 +25,6 @@ import hashlib
 import json
 import posixpath
 import re
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -80,29 +79,6 @@ def _batch(
             SOURCE_PROBLEM: pa.array(problems or [None] * len(texts), pa.string()),
         }
     )
-
-
-class PythonDocs:
-    """Python's own help topics (`pydoc_data.topics`), one document per topic, in name order."""
-
-    options_type = None
-    default_augmentations = ()
-    objective = "language_modeling"  # documents without labels: what they are for (its default model name)
-
-    def info(self, options) -> DatasetInfo:
-        return _info("python_docs")
-
-    def fingerprint(self, options) -> str:
-        from pydoc_data.topics import topics
-
-        digest = hashlib.sha256(json.dumps(topics, sort_keys=True).encode()).hexdigest()
-        return f"pydoc_data.topics of Python {sys.version.split()[0]} sha256:{digest}"
-
-    def examples(self, options, shard: str) -> Iterator[pa.RecordBatch]:
-        from pydoc_data.topics import topics
-
-        names = sorted(topics)
-        yield _batch(pa.array([topics[n] for n in names], pa.string()), "pydoc_data.topics", 0, names)
 
 
 @dataclass
@@ -368,5 +344,4 @@ def _jsonl_document(line: bytes, options: TextOptions, where: str) -> tuple[byte
     return document, where, problem, label
 
 
-python_docs = PythonDocs()
 text = Text()

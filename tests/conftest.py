@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +22,11 @@ REPO = Path(__file__).resolve().parents[1]
 # process, not on auto's choice: a timing on these shared machines picks either, and would cost
 # every run a preflight. Tests of auto itself unset it (test_preflight.py, test_regression.py).
 os.environ.setdefault("FLYSCALE_NPROC_PER_NODE", "2")
+# Every run_pipeline gets a HOME of its own (a cold Flyte cache), but the answers flyscale keeps
+# between processes (flyscale/flyte/memo.py: parsed imports, type schemas) are keyed on content,
+# so one folder serves the whole session, as ~/.cache/flyscale serves a user's runs.
+# tests/test_memo.py gives its processes folders of their own.
+os.environ.setdefault("FLYSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="flyscale-memo-"))
 BIN = Path(sys.executable).parent
 
 

@@ -17,11 +17,12 @@ import pytest
 
 from flyscale.data import example_checks, text, tokenize
 from flyscale.plugin import registry
+from flyscale_plugins import python_docs
 from flyscale_plugins import text as text_plugins
 from flyscale_plugins.text import TextOptions
 
 TEXT = text_plugins.text
-DOCS = text_plugins.python_docs
+DOCS = python_docs.python_docs
 
 
 @pytest.fixture(scope="module")
