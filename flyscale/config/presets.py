@@ -86,10 +86,13 @@ def given_on_command_line() -> list[str]:
     """The value of every `--cfg` on the pyflyte command line being parsed, in order; [] when
     no command line is being parsed (a notebook, a test).
 
-    click keeps only the last value of an option given twice, and by the time an input is
-    converted it has consumed the arguments, so they are read from the process's own command
-    line: `pyflyte` is the process whenever a click context of pyflyte's is current. (The caller
-    merges them only when the last one is the value click handed over.)"""
+    pyflyte builds the `--cfg` option itself from the workflow's input (flytekit's
+    `to_click_option`: single-valued, with no hook for a multiple one), and click keeps only the
+    last value of an option given twice; by the time an input is converted it has consumed the
+    arguments. So they are read from the command line click parsed, the process's own
+    (`sys.argv[1:]`, as click reads it): `pyflyte` is the process whenever a click context of
+    pyflyte's is current. (The caller merges them only when the last one is the value click
+    handed over.)"""
     ctx = click.get_current_context(silent=True)
     if ctx is None or ctx.find_root().info_name != "pyflyte":
         return []
