@@ -34,7 +34,8 @@ def context():
 
 
 def _entry(rank: int, world: int, port: int, fn, args, results, environ):
-    # The environment of the call, as a spawned process would have it (the forkserver's is its own, from when it started).
+    # The environment of the call, as a spawned process would have it: the forkserver's is its own,
+    # from when it started. (The working directory and sys.path multiprocessing hands over itself.)
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(
