@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from flyscale.api import DatasetInfo
-from flyscale_plugins.text import _batch, _info
+from flyscale_plugins.text import documents_batch, documents_info
 
 
 class PythonDocs:
@@ -23,7 +23,7 @@ class PythonDocs:
     objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options) -> DatasetInfo:
-        return _info("python_docs")
+        return documents_info("python_docs")
 
     def fingerprint(self, options) -> str:
         from pydoc_data.topics import topics
@@ -35,7 +35,7 @@ class PythonDocs:
         from pydoc_data.topics import topics
 
         names = sorted(topics)
-        yield _batch(pa.array([topics[n] for n in names], pa.string()), "pydoc_data.topics", 0, names)
+        yield documents_batch(pa.array([topics[n] for n in names], pa.string()), "pydoc_data.topics", 0, names)
 
 
 python_docs = PythonDocs()

@@ -45,7 +45,7 @@ RANGE = re.compile(r"^(?P<uri>.+)#bytes=(?P<start>\d+)-(?P<end>\d+)$")  # a shar
 LABEL = "label"  # the column a labelled dataset's class index travels in, whatever the file calls it
 
 
-def _info(name: str, classes: list[str] | None = None) -> DatasetInfo:
+def documents_info(name: str, classes: list[str] | None = None) -> DatasetInfo:
     """Documents; with `classes`, each with its class's index as the label."""
     labelled = [FieldSpec(LABEL, "int64", [], range=[0, len(classes) - 1])] if classes else []
     return DatasetInfo(
@@ -59,7 +59,7 @@ def _info(name: str, classes: list[str] | None = None) -> DatasetInfo:
     )
 
 
-def _batch(
+def documents_batch(
     texts: pa.Array,
     origin: str,
     first: int,
@@ -152,7 +152,7 @@ class Text:
     objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options: TextOptions) -> DatasetInfo:
-        return _info("text", options.classes)
+        return documents_info("text", options.classes)
 
     def _files(self, options: TextOptions, versions: bool = False) -> list[sources.Source]:
         formats = list(FORMATS) if options.format == "auto" else [options.format]
@@ -232,7 +232,9 @@ class Text:
 
     @staticmethod
     def _as_batch(options: TextOptions, docs, shard, first, keys, problems, labels) -> pa.RecordBatch:
-        return _batch(pa.array(docs, pa.binary()), shard, first, keys, problems, labels if options.label else None)
+        return documents_batch(
+            pa.array(docs, pa.binary()), shard, first, keys, problems, labels if options.label else None
+        )
 
 
 def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.RecordBatch]:
@@ -255,11 +257,11 @@ def _parquet(source: sources.Source, options: TextOptions) -> Iterator[pa.Record
         n = batch.num_rows
         keys = [f"row {r}" for r in range(first, first + n)]
         if not options.label:
-            yield _batch(batch.column(0).cast(target), source.uri, first, keys)
+            yield documents_batch(batch.column(0).cast(target), source.uri, first, keys)
         else:
             found = [_class_of(v, options) for v in batch.column(1).to_pylist()]
             labels, problems = [c for c, _ in found], [p for _, p in found]
-            yield _batch(batch.column(0).cast(target), source.uri, first, keys, problems, labels)
+            yield documents_batch(batch.column(0).cast(target), source.uri, first, keys, problems, labels)
         first += n
 
 

@@ -26,7 +26,8 @@ os.environ.setdefault("FLYSCALE_NPROC_PER_NODE", "2")
 # between processes (flyscale/flyte/memo.py: parsed imports, type schemas) are keyed on content,
 # so one folder serves the whole session, as ~/.cache/flyscale serves a user's runs.
 # tests/test_memo.py gives its processes folders of their own.
-os.environ.setdefault("FLYSCALE_CACHE_DIR", tempfile.mkdtemp(prefix="flyscale-memo-"))
+if "FLYSCALE_CACHE_DIR" not in os.environ:  # this file is imported twice (conftest, tests.conftest): one folder
+    os.environ["FLYSCALE_CACHE_DIR"] = tempfile.mkdtemp(prefix="flyscale-memo-")
 BIN = Path(sys.executable).parent
 
 

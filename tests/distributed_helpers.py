@@ -33,11 +33,16 @@ def context():
     return ctx
 
 
-def _entry(rank: int, world: int, port: int, fn, args, results, environ):
-    # The environment of the call, as a spawned process would have it: the forkserver's is its own,
-    # from when it started. (The working directory and sys.path multiprocessing hands over itself.)
+def as_caller(environ: dict[str, str]) -> None:
+    """Give a forked rank the environment of the call (`dict(os.environ)` there), as a spawned
+    process would have it: the forkserver's is its own, from when it started. (The working
+    directory and sys.path multiprocessing hands over itself.)"""
     os.environ.clear()
     os.environ.update(environ)
+
+
+def _entry(rank: int, world: int, port: int, fn, args, results, environ):
+    as_caller(environ)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),

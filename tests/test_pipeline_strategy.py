@@ -32,7 +32,7 @@ from flyscale_plugins.strategies.pipeline import (
     split_model,
     train_loader,
 )
-from tests.distributed_helpers import context
+from tests.distributed_helpers import as_caller, context
 
 WIDE = (256, 256, 256)  # four Linear layers of which the balanced split puts two on each stage
 INFO = DatasetInfo(name="digits", num_classes=10, input_shape=[1, 8, 8], feature_columns=[])
@@ -57,8 +57,9 @@ def _toy_data(n_train: int = 72, n_val: int = 24) -> TrainData:
     return TrainData(x[:n_train], y[:n_train], x[n_train:], y[n_train:])
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tuple) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tuple, environ: dict) -> None:
     """Join a gloo group as `rank` and save what `scenario(ctx, *args)` returns."""
+    as_caller(environ)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -75,7 +76,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, scenario, args: tupl
 
 def _run_distributed(scenario, *args, out_dir: Path, world: int = 2, timeout_s: float = 90) -> list:
     """Run `scenario` on `world` ranks; every rank's result, in rank order. Never hangs."""
-    worker_args = (world, free_port(), str(out_dir), scenario, args)
+    worker_args = (world, free_port(), str(out_dir), scenario, args, dict(os.environ))
     # Forked from the helpers' forkserver, which imported torch and flyscale once (tests/distributed_helpers.py).
     start_method = context().get_start_method()
     procs = mp.start_processes(_worker, args=worker_args, nprocs=world, join=False, start_method=start_method)
