@@ -28,7 +28,7 @@ from benchmarks.bench_onnx import SEQ, TOKENS  # the same 64-token GPT input as 
 from flyscale import model as artifacts
 from flyscale.config import DataConfig, ModelConfig, QuantizeConfig, TrainConfig
 from flyscale.data import source as data
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 from flyscale.data.tensors import to_tensors
 from flyscale.evaluate.metrics import evaluate, state_dict_bytes
 from flyscale.evaluate.quantize import quantize, quantize_onnx
@@ -87,7 +87,7 @@ def _verdict(ok: bool) -> str:
 
 def main() -> None:
     frame, info = data.load(DataConfig())
-    train, val, test = split(frame, DataConfig())
+    train, val, test = prepared_frames(prepare_table(frame, DataConfig(), info))
     d = train_data(train, val, info)
     x_test, y_test = to_tensors(test, info)
     calibration = list(d.x_train[:CALIBRATION_ROWS].split(CALIBRATION_BATCH))

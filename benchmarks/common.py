@@ -14,7 +14,7 @@ import torch
 from flyscale.config import AugmentConfig, DataConfig, ModelConfig
 from flyscale.data import source as data
 from flyscale.data.augment import augment
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 from flyscale.plugin.records import DatasetInfo
 from flyscale.train.batches import TrainData, train_data
 from flyscale.train.distributed import DistContext
@@ -28,9 +28,9 @@ MODELS = {
 
 
 def digits_x3() -> tuple[TrainData, object]:
-    """Digits' training split with two augmented copies (3501 rows), and its validation split."""
+    """Digits' training split with two augmented copies (about 3,500 rows), and its validation split."""
     frame, info = data.load(DataConfig())
-    train, val, _ = split(frame, DataConfig())
+    train, val, _ = prepared_frames(prepare_table(frame, DataConfig(), info))
     train = augment(train, info, AugmentConfig(names=["shift", "noise"], copies=2))
     return train_data(train, val, info), info
 

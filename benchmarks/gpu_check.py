@@ -56,7 +56,7 @@ from flyscale import model as artifacts
 from flyscale.config import PipelineConfig, from_dict
 from flyscale.data import source as data
 from flyscale.data.augment import augment
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 from flyscale.train import distributed, strategies, trainer
 from flyscale.train.batches import TrainData, train_data
 from flyscale.train.distributed import DistContext
@@ -134,7 +134,7 @@ def preset(name: str) -> PipelineConfig:
 def prepare(cfg: PipelineConfig, max_train_rows: int) -> tuple[TrainData, object]:
     """The preset's training and validation data, as the data stages make them (split, then augment)."""
     frame, info = data.load(cfg.data)
-    train, val, _ = split(frame, cfg.data)
+    train, val, _ = prepared_frames(prepare_table(frame, cfg.data, info))
     train = augment(train, info, cfg.augment)
     if max_train_rows:
         train = train.sample(n=min(max_train_rows, len(train)), random_state=cfg.data.seed)

@@ -1,40 +1,31 @@
-"""Data stages: fingerprint, then either (in memory) load, validate, split and augment, or (data
-larger than memory) prepare the stream: validate chunk by chunk and split as it goes. Both end
-with the splits as Parquet shards (flyscale/data/shards.py), which is all training sees, and
-what validation found (tasks/records.py ValidatedData)."""
+"""Data stages besides the shards' (tasks/examples.py): the data's fingerprint and kind, the
+reference it is held to, a table's augmented copies, and the summary of a preparation. Every
+kind ends with the splits as Parquet shards (flyscale/data/shards.py), which is all training
+sees, and what validation found (tasks/records.py ValidatedData)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import NamedTuple
 
-import pandas as pd
-from flytekit import Deck, HashMethod, task
-from flytekit.types.directory import FlyteDirectory
-from pandera.typing import DataFrame
+from flytekit import task
 
 from flyscale.config import AugmentConfig, DataConfig, MlflowConfig, TokenizeConfig
-from flyscale.data import shards, source, stream_prep, validation
+from flyscale.data import shards, source, validation
 from flyscale.data.augment import augment
-from flyscale.data.drift import profile
 from flyscale.data.reference import Reference
-from flyscale.data.schemas import LabeledFrame
 from flyscale.data.shards import ContentShards, Shards
-from flyscale.data.source import DataFingerprint, frame_hash
-from flyscale.data.split import split
+from flyscale.data.source import DataFingerprint
 from flyscale.data.tokenize import pretrained_sha256
-from flyscale.flyte.caching import LIBRARIES, code_cache
-from flyscale.flyte.content import BY_CONTENT
-from flyscale.flyte.provenance import UNSTAMPED, CacheReport, TaskRun, execution_key, stamped
+from flyscale.flyte.caching import code_cache
+from flyscale.flyte.provenance import CacheReport, TaskRun, execution_key
 from flyscale.plugin.data_kind import DataKind
 from flyscale.plugin.records import DatasetInfo
-from flyscale.render import validation_report
 from flyscale.render.data_summary import DataSummary
 from flyscale.tracking.champion_reference import read_reference as read_reference_of
 from flyscale.tracking.live import save_rejected
-from tasks.common import DECKS, SMALL, TASK, TRACKED
+from tasks.common import SMALL, TASK, TRACKED
 from tasks.records import ModelCheck, ValidatedData
 
 
@@ -45,47 +36,15 @@ class Fingerprinted(NamedTuple):
     run: TaskRun
 
 
-# Keyed by content downstream: a reload of identical bytes (a touched file) re-runs nothing after it.
-class Loaded(NamedTuple):
-    raw: Annotated[pd.DataFrame, HashMethod(frame_hash)]
-    info: DatasetInfo
-    content: DataFingerprint
-    run: TaskRun = UNSTAMPED  # filled in by @stamped
-
-
-# The clean rows are keyed by content downstream: re-validated against a new reference, the same
-# rows re-run nothing after them (no retraining because the champion changed).
-class Validated(NamedTuple):
-    clean: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
-    validated: Annotated[ValidatedData, BY_CONTENT]
-    run: TaskRun = UNSTAMPED  # filled in by @stamped
-
-
-# Every split, table and record below is keyed by content downstream (ContentShards, BY_CONTENT):
-# a task that runs again and writes the same bytes re-runs nothing after it.
-class Splits(NamedTuple):
-    train: Annotated[DataFrame[LabeledFrame], HashMethod(frame_hash)]
-    val: ContentShards
-    test: ContentShards
-    run: TaskRun = UNSTAMPED  # filled in by @stamped
-
-
+# Keyed by content downstream: augmented again into the same bytes, nothing after it re-runs.
 class Augmented(NamedTuple):
     train: ContentShards
-    run: TaskRun = UNSTAMPED  # filled in by @stamped
+    runs: list[TaskRun]  # the data branch's stamps, then this task's
 
 
 class Keyed(NamedTuple):
     train: ContentShards
     val: ContentShards
-
-
-class Streamed(NamedTuple):
-    train: ContentShards
-    val: ContentShards
-    test: ContentShards
-    validated: Annotated[ValidatedData, BY_CONTENT]
-    run: TaskRun = UNSTAMPED  # filled in by @stamped
 
 
 # Never cached: it is how every run, scheduled ones included, learns that new bytes arrived
@@ -108,15 +67,6 @@ def fingerprint_data(
         tokenizer=pretrained_sha256(tokenize) if kind is DataKind.DOCUMENTS else "",
         run=run.done(),
     )
-
-
-@task(cache=code_cache("datasets"), **TASK, requests=SMALL)
-@stamped
-def load_data(cfg: DataConfig, fingerprint: DataFingerprint) -> Loaded:
-    """Load the configured dataset as it is, before any checks (keyed on the source's fingerprint),
-    and the fingerprint of what was loaded (its content), which later stages record."""
-    raw, info = source.load(cfg)
-    return Loaded(raw=raw, info=info, content=source.content_fingerprint(raw, cfg))
 
 
 # Never cached: it reads the champion as it is now (or a reference file), like the gate.
@@ -147,73 +97,13 @@ def rejected_rows_kept(store: MlflowConfig) -> Iterator[None]:
         raise validation.CeilingExceeded(f"{exc} {kept}.", report) from exc
 
 
-@task(
-    cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
-    **TRACKED,  # rejected rows are kept in MLflow
-    requests=SMALL,
-    enable_deck=True,
-    deck_fields=DECKS,
-)
-@stamped
-def validate_data(
-    raw: pd.DataFrame,
-    info: DatasetInfo,
-    content: DataFingerprint,
-    cfg: DataConfig,
-    reference: Reference,
-    store: MlflowConfig,
-) -> Validated:
-    """Check every row against the dataset's schema; failing rows go to quarantine with reasons."""
-    with rejected_rows_kept(store):
-        clean, bad, report, pinned = validation.validate(raw, cfg, info, reference)
-    data_profile = profile(clean, pinned)
-    files = validation_report.write(report, bad, clean, pinned, data_profile, reference)
-    Deck("Data validation", (Path(files) / "validation.html").read_text())
-    found = ValidatedData(pinned, content, report, shards.write(bad, "quarantine"), data_profile, FlyteDirectory(files))
-    return Validated(clean, found)
-
-
-@task(cache=code_cache(), **TASK, requests=SMALL)
-@stamped
-def split_data(clean: DataFrame[LabeledFrame], cfg: DataConfig) -> Splits:
-    """Stratified, seeded train/validation/test split."""
-    train, val, test = split(clean, cfg)
-    return Splits(train=train, val=shards.write(val, "val"), test=shards.write(test, "test"))
-
-
 @task(cache=code_cache("augmentations"), **TASK, requests=SMALL)
-@stamped
-def augment_data(train: DataFrame[LabeledFrame], info: DatasetInfo, cfg: AugmentConfig) -> Augmented:
-    """Add augmented copies of the training rows (validation and test stay untouched)."""
-    return Augmented(train=shards.write(augment(train, info, cfg), "train"))
-
-
-@task(
-    cache=code_cache("datasets", libraries=(*LIBRARIES, "matplotlib")),
-    **TRACKED,  # rejected rows are kept in MLflow
-    requests=SMALL,
-    enable_deck=True,
-    deck_fields=DECKS,
-)
-@stamped
-def prepare_stream(
-    cfg: DataConfig, fingerprint: DataFingerprint, reference: Reference, store: MlflowConfig
-) -> Streamed:
-    """For data larger than memory: validate it chunk by chunk, and write the quarantine and the
-    three splits as shards as it streams by (keyed on the source's fingerprint)."""
-    info = source.info(cfg)
-    with rejected_rows_kept(store):
-        prepared = stream_prep.prepare(source.chunks(cfg), cfg, info, reference, seed=cfg.seed)
-    quarantined = shards.head(prepared.quarantined.dir.path, 10_000)  # what the report shows examples of
-    files = validation_report.write(
-        prepared.report, quarantined, prepared.sample, prepared.info, prepared.profile, reference
-    )
-    Deck("Data validation", (Path(files) / "validation.html").read_text())
-    # Held to the reference by the source's fingerprint: hashing the content would read it all.
-    found = ValidatedData(
-        prepared.info, fingerprint, prepared.report, prepared.quarantined, prepared.profile, FlyteDirectory(files)
-    )
-    return Streamed(prepared.train, prepared.val, prepared.test, found)
+def augment_data(train: Shards, info: DatasetInfo, cfg: AugmentConfig, runs: list[TaskRun]) -> Augmented:
+    """Add `augment.copies` augmented copies of each of a table's training rows beside them
+    (validation and test stay untouched). `runs`: the stamps of the tasks before it."""
+    run = TaskRun.start("augment_data")
+    rows = shards.read(train.dir.download(), [*info.feature_columns, info.label_column])
+    return Augmented(shards.write(augment(rows, info, cfg), "train"), [*runs, run.done()])
 
 
 # Never cached: it computes nothing. Inside a @dynamic the splits are plain values, which enter the

@@ -91,7 +91,7 @@ def tree_copy(tmp_path_factory):
 @pytest.mark.parametrize(
     ("module", "planted", "broken"),
     [
-        ("flyscale/data/split.py", "from flyscale.tracking import store", "the core's rooms"),
+        ("flyscale/data/prepared.py", "from flyscale.tracking import store", "the core's rooms"),
         ("flyscale/config/base.py", "def f():\n    import flyscale_plugins.models", "workflows wire tasks"),
         ("tasks/common.py", "from workflows import train", "workflows wire tasks"),
     ],
@@ -202,7 +202,7 @@ def test_tasks_are_cached_except_those_that_read_live_state():
     from workflows.train import training_pipeline
 
     tasks = workflow_tasks(training_pipeline)  # both data branches included
-    assert len(tasks) == 22  # the four data branches (one a map task), both publish branches
+    assert len(tasks) == 18  # the data branches (one a map task), both publish branches
     uncached = {name for name, t in tasks.items() if not t.metadata.cache}
     assert (
         uncached == set(ALWAYS_RUN) == {"check_model", "fingerprint_data", "read_reference", "gate_model", "summarize"}

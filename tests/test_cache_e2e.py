@@ -25,12 +25,15 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from flyscale.api import SOURCE_FILE, SOURCE_ROW
+from flyscale.config import DataConfig
+from flyscale.data.prepared import split_of
 from flyscale.render import plots
 from flyscale.render.decks import DECK_PLOTS
 from flyscale_plugins.datasets import DIGITS_PIXELS, digits
 from tests.conftest import NIGHTLY, run_pipeline
 
-DATA = ["load_data", "validate_data", "split_data", "augment_data"]
+DATA = ["prepare_shard", "combine_shards", "augment_data"]
 TRAINING = [
     "preflight_check",
     "train_model",
@@ -190,7 +193,8 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     (ran, cached), second = nightly()
     assert ran == set() and cached == set(DATA + TRAINING), second.stdout[-2000:]
     log = second.stdout + second.stderr
-    assert log.count("Cache hit") == len(DATA + TRAINING) and "Cache miss" not in log, log[-4000:]
+    # ...and plan_shards, which lists the shards and stamps nothing the summary shows.
+    assert log.count("Cache hit") == len(DATA + TRAINING) + 1 and "Cache miss" not in log, log[-4000:]
     assert _run_id(second.stdout) == run_id  # the cached registration's run: nothing registered twice
     assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
 
@@ -252,14 +256,17 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     # export that came out the same.
     before = (shards / "part-1.parquet").stat()
     part = pd.read_parquet(shards / "part-1.parquet")
-    part.loc[0, "pixel_10"] = 15.0 if part.loc[0, "pixel_10"] != 15.0 else 14.0
+    # A row the seeded hash of its origin (file and row) puts in the test split.
+    origin = pd.DataFrame({SOURCE_FILE: str(shards / "part-1.parquet"), SOURCE_ROW: np.arange(len(part))})
+    row = int(np.flatnonzero(split_of(origin, DataConfig()) == 2)[0])
+    part.loc[row, "pixel_10"] = 15.0 if part.loc[row, "pixel_10"] != 15.0 else 14.0
     part.to_parquet(shards / "part-1.parquet", index=False)
     os.utime(shards / "part-1.parquet", ns=(before.st_atime_ns, before.st_mtime_ns))
     after = (shards / "part-1.parquet").stat()
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     (ran, cached), proc = nightly()
     reads_test = {"evaluate_model", "export_model", "quantize_model", "register_model"}
-    assert ran == {"load_data", "validate_data", "split_data"} | reads_test, proc.stdout[-2000:]
+    assert ran == set(DATA) | reads_test, proc.stdout[-2000:]
     assert cached == set(DATA + TRAINING) - ran
     # Its data was validated against the champion's reference: drift of 64 pixels, as a summary of
     # a few metrics (the worst by name) and one table of every feature.
@@ -271,12 +278,13 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     )
     assert len(table["data"]) == 65 and table["columns"] == ["feature", "psi"]  # 64 pixels and the label
 
-    # The same bytes written again (a new mtime): loaded again, but identical content re-runs nothing after it.
+    # The same bytes written again (a new mtime): prepared again, and what trains on the splits,
+    # byte for byte the same, re-runs nothing; registration records the data's new fingerprint.
     time.sleep(0.01)
     shutil.copy2(shards / "part-1.parquet", tmp_path / "copy.parquet")
     (shards / "part-1.parquet").write_bytes((tmp_path / "copy.parquet").read_bytes())
     (ran, cached), proc = run()
-    assert ran == {"load_data"} and cached == set(DATA + TRAINING) - {"load_data"}, proc.stdout[-2000:]
+    assert ran == {*DATA, "register_model"} and cached == set(DATA + TRAINING) - ran, proc.stdout[-2000:]
 
     # Another name for the model: the name is where the model is registered, not what is trained,
     # so training and its checks come from the cache, and only what the name reaches runs again.

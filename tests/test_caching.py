@@ -17,11 +17,7 @@ from flyscale.flyte.caching import module_closure, source_hash
 from tests.conftest import REPO
 
 TASKS = [
-    "load_data",
-    "validate_data",
-    "split_data",
     "augment_data",
-    "prepare_stream",
     "plan_shards",
     "prepare_shard",
     "combine_shards",

@@ -3,6 +3,7 @@ leaves the registry as it was. Against a real MLflow server, faults injected by 
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 import uuid
@@ -14,7 +15,7 @@ import torch
 from mlflow import MlflowClient
 
 from flyscale.config import MlflowConfig
-from flyscale.data.drift import profile
+from flyscale.data import field_profile, table_examples
 from flyscale.data.reference import reference_json
 from flyscale.data.validation import ValidationReport
 from flyscale.evaluate.gating import ChampionRef
@@ -29,6 +30,15 @@ from flyscale.tracking.store import MlflowUnavailable
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
 from tests.faults import FaultProxy, fail_all
+
+
+def profile(frame: pd.DataFrame, info) -> field_profile.Profile:
+    """A table's profile, as its preparation counts it (a field per column)."""
+    view = table_examples.fields_of(info)
+    profiler = field_profile.Profiler(view)
+    profiler.add({f.name: frame[f.name].to_numpy().astype(f.dtype) for f in view.fields})
+    return profiler.profile()
+
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -360,7 +370,9 @@ def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_
         mlflow.log_text(reference_json(info, profile(frame, info)), "data/reference.json")
     # Where the tag points, the reference is read from, not from the version's run: a 6-row one here.
     with mlflow.start_run() as elsewhere:
-        mlflow.log_text(reference_json(info, profile(pd.concat([frame, frame[:2]]), info)), "data/reference.json")
+        # ...counted on other bins: its columns declared ranges then, so their histograms have other edges.
+        ranged = dataclasses.replace(info, feature_ranges={"a": [0.0, 1.0], "b": [0.0, 5.0]})
+        mlflow.log_text(reference_json(info, profile(pd.concat([frame, frame[:2]]), ranged)), "data/reference.json")
     uri_tag = {mlflow_store.REFERENCE_URI_TAG: f"{elsewhere.info.artifact_uri}/data/reference.json"} if tagged else {}
     server.create_registered_model(name)
     version = server.create_model_version(
@@ -387,7 +399,7 @@ def test_the_data_reference_is_the_champions_unless_the_champion_was_trained_on_
     again = remeasure(_cfg(name), judged, "", profile(frame, info))
     assert again is not None and again.reference == f"v{version}"
     assert "the champion the gate judged against (validation held the data to no reference)" in again.note
-    if tagged:  # the champion's data (6 rows) was cut on other deciles: those are named, not guessed
+    if tagged:  # the champion's data (6 rows) was counted on other bins: those are named, not guessed
         assert again.drift == {"label": 0.0} and "2 histogram(s) on other bins" in again.note  # the same label shares
     else:  # the champion's own data: nothing moved
         assert again.drift == {"a": 0.0, "b": 0.0, "label": 0.0}

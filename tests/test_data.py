@@ -1,4 +1,5 @@
-"""Data stages as plain functions: quarantine, split, augment."""
+"""Data stages as plain functions: quarantine, split, augment (flyscale.data.prepare runs the data
+branch's steps in one process)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import pandas as pd
 import pytest
 
 from flyscale.config import AugmentConfig, DataConfig
+from flyscale.data import shards
 from flyscale.data import source as data
-from flyscale.data import validation
 from flyscale.data.augment import augment
-from flyscale.data.schemas import LabeledFrame
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 
 
 @pytest.fixture(scope="module")
@@ -50,58 +50,59 @@ def test_bad_rows_are_quarantined_with_reasons_and_good_rows_kept(digits):
     frame.loc[3, "pixel_5"] = 99.0
     frame.loc[10, "label"] = 12
     frame.loc[11, "pixel_0"] = np.nan
-    clean, bad, report, _ = validation.validate(frame, DataConfig(), digits[1])
+    prepared = prepare_table(frame, DataConfig(), digits[1])
+    report = prepared.report
     assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (1797, 1794, 3)
-    reasons = dict(zip(bad["row"], bad["reason"]))
-    assert set(reasons) == {3, 10, 11}
-    assert "pixel_5" in reasons[3] and "99" in reasons[3]
-    assert "label" in reasons[10]
-    assert "pixel_0" in reasons[11]
-    # Nothing good is lost: the clean frame is exactly the other rows, in order.
+    bad = shards.read(prepared.quarantined.dir.path)
+    reasons = dict(zip(bad["source_row"], bad["reason"]))
+    assert reasons == {
+        3: "pixel_5: in_range(0.0, 16.0) (got 99.0)",
+        10: "label: isin(range(0, 10)) (got 12.0)",
+        11: "pixel_0: not_nullable (got nan)",
+    }
+    assert bad.loc[bad["source_row"] == 3, "pixel_5"].item() == 99.0  # kept as it came
+    # Nothing good is lost: the three splits together are exactly the other rows.
+    kept = pd.concat(prepared_frames(prepared)).sort_values("source_row")
+    assert kept["source_row"].tolist() == [i for i in range(1797) if i not in (3, 10, 11)]
     expected = frame.drop(index=[3, 10, 11]).reset_index(drop=True)
-    pd.testing.assert_frame_equal(clean, expected, check_dtype=False)
-    LabeledFrame.validate(clean)
+    pd.testing.assert_frame_equal(kept[expected.columns].reset_index(drop=True), expected, check_dtype=False)
 
 
 def test_too_many_bad_rows_fail_with_reasons(digits):
     frame = digits[0].copy()
     frame.loc[:200, "pixel_7"] = -1.0
     with pytest.raises(ValueError, match=r"201 of 1797 rows failed validation.*pixel_7"):
-        validation.validate(frame, DataConfig(), digits[1])
+        prepare_table(frame, DataConfig(), digits[1])
 
 
 def test_missing_column_is_a_schema_error_naming_it(digits):
     frame = digits[0].drop(columns=["pixel_9"])
-    with pytest.raises(ValueError, match="pixel_9"):
-        validation.validate(frame, DataConfig(), digits[1])
+    with pytest.raises(ValueError, match="missing column.*pixel_9"):
+        prepare_table(frame, DataConfig(), digits[1])
 
 
-def test_split_is_stratified_seeded_and_disjoint(digits):
-    frame = digits[0].assign(uid=range(len(digits[0])))
+def test_the_split_is_seeded_by_origin_disjoint_near_stratified_and_whatever_the_chunking(digits):
+    """Rows go to a split by a seeded hash of where they came from: the same rows always split
+    the same way, read whole or a chunk at a time; each split holds the classes about in
+    proportion (not exactly: no split ever sees every row at once)."""
+    from flyscale.data import table_examples
+    from flyscale.data.prepare import prepare
+
+    frame, info = digits
     cfg = DataConfig()
-    train, val, test = split(frame, cfg)
-    assert len(train) + len(val) + len(test) == len(frame)
-    ids = [set(p["uid"]) for p in (train, val, test)]
-    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
-    assert abs(len(test) / len(frame) - cfg.test_fraction) < 0.01
+    train, val, test = prepared_frames(prepare_table(frame, cfg, info))
+    ids = [set(p["source_row"]) for p in (train, val, test)]
+    assert sum(map(len, ids)) == len(frame) and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    assert abs(len(test) / len(frame) - cfg.test_fraction) < 0.03
+    assert abs(len(val) / len(frame) - cfg.val_fraction) < 0.03
     overall = frame["label"].value_counts(normalize=True).sort_index()
     for part in (train, val, test):
-        assert (part["label"].value_counts(normalize=True).sort_index() - overall).abs().max() < 0.02
-    again = split(frame, cfg)
-    for a, b in zip((train, val, test), again):
-        pd.testing.assert_frame_equal(a, b)
-    other = split(frame, DataConfig(seed=1))
-    assert not train["uid"].equals(other[0]["uid"])
-
-
-def test_split_holds_out_whole_shares_and_names_a_label_too_rare_to_split(digits):
-    frame = digits[0]
-    train, val, test = split(frame, DataConfig())
-    # ceil(0.2 x 1797) held out for test, then ceil(0.15 / 0.8 x the rest) for validation.
-    assert (len(train), len(val), len(test)) == (1167, 270, 360)
-    lonely = pd.concat([frame[frame["label"] != 9], frame[frame["label"] == 9].head(1)])
-    with pytest.raises(ValueError, match="label 9 has only 1 row"):
-        split(lonely, DataConfig())
+        assert (part["label"].value_counts(normalize=True).sort_index() - overall).abs().max() < 0.04
+    chunks = (frame.iloc[i : i + 250] for i in range(0, len(frame), 250))
+    chunked = prepare(table_examples.batches(chunks, info, "digits"), cfg, info)
+    assert [set(p["source_row"]) for p in prepared_frames(chunked)] == ids
+    other = prepared_frames(prepare_table(frame, DataConfig(seed=1), info))
+    assert set(other[2]["source_row"]) != ids[2]
 
 
 def test_augment_is_deterministic_in_range_and_keeps_originals(digits):
@@ -117,7 +118,6 @@ def test_augment_is_deterministic_in_range_and_keeps_originals(digits):
     assert not np.allclose(pixels[200:400], pixels[:200])  # the copies really changed
     pd.testing.assert_frame_equal(out, augment(train, info, cfg))
     assert not out.equals(augment(train, info, AugmentConfig(names=cfg.names, copies=2, seed=8)))
-    LabeledFrame.validate(out)
 
 
 def test_shift_moves_pixels_by_whole_steps():

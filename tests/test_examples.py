@@ -18,8 +18,8 @@ from PIL import Image
 from flyscale.api import SOURCE_FILE, SOURCE_ROW, DatasetInfo, FieldSpec
 from flyscale.config import DataConfig
 from flyscale.data import example_checks, example_combine, example_prep, fields, shards
+from flyscale.data.prepared import DUPLICATE
 from flyscale.data.reference import Reference
-from flyscale.data.stream_prep import DUPLICATE
 from flyscale.errors import DataError
 from flyscale_plugins.images import ShapesOptions, generate
 from tests.conftest import REPO, run_pipeline

@@ -21,7 +21,7 @@ import pytest
 from flyteidl.admin.task_pb2 import TaskSpec
 from flyteidl.core.literals_pb2 import LiteralMap as LiteralMapPb
 
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 from tests.conftest import BIN, REPO, free_port
 
 IMAGE = "ghcr.io/acme/flyscale@sha256:" + "7" * 64
@@ -97,7 +97,7 @@ def _inputs(tmp_path: Path, prefix: str, endpoint: str, monkeypatch, strategy: s
         monkeypatch.setenv(k, v)
     cfg = DataConfig()
     frame, info = data.load(cfg)
-    train, val, _ = split(frame, cfg)
+    train, val, _ = prepared_frames(prepare_table(frame, cfg, info))
     values = {
         "train": shards.write(train, "train"),
         "val": shards.write(val, "val"),

@@ -167,36 +167,37 @@ def _package(project: Path, out: Path, *flags: str) -> dict[str, TaskSpec]:
     return specs
 
 
-def _load_data_inputs(path: Path) -> Path:
+def _plan_inputs(path: Path) -> Path:
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
 
     from flyscale.config import DataConfig
     from flyscale.data import source as data
+    from flyscale.data.reference import Reference
     from flyscale.data.source import DataFingerprint
 
     cfg = DataConfig()
     literals = TypeEngine.dict_to_literal_map(
         FlyteContextManager.current_context(),
-        {"cfg": cfg, "fingerprint": data.fingerprint(cfg)},
-        {"cfg": DataConfig, "fingerprint": DataFingerprint},
+        {"cfg": cfg, "fingerprint": data.fingerprint(cfg), "reference": Reference()},
+        {"cfg": DataConfig, "fingerprint": DataFingerprint, "reference": Reference},
     )
     path.write_bytes(literals.to_flyte_idl().SerializeToString())
     return path
 
 
 def _execute(image: tuple[Path, Path], args: list[str], scratch: Path, fast_tarball: Path | None = None):
-    """Run a serialised task's container args in the image; returns its DatasetInfo output."""
+    """Run plan_shards' serialised container args in the image; returns the DatasetInfo it planned with."""
     from flytekit.core.context_manager import FlyteContextManager
     from flytekit.core.type_engine import TypeEngine
     from flytekit.models.literals import LiteralMap
 
-    from flyscale.plugin.contracts import DatasetInfo
+    from tasks.examples import ShardPlan
 
     bin_dir, workdir = image
     out = scratch / "outputs"
     values = {
-        "{{.input}}": str(_load_data_inputs(scratch / "inputs.pb")),
+        "{{.input}}": str(_plan_inputs(scratch / "inputs.pb")),
         "{{.outputPrefix}}": str(out),
         "{{.rawOutputDataPrefix}}": str(scratch / "raw"),
         "{{.checkpointOutputPrefix}}": str(scratch / "ckpt"),
@@ -212,16 +213,16 @@ def _execute(image: tuple[Path, Path], args: list[str], scratch: Path, fast_tarb
     )
     pb = LiteralMapPb()
     pb.ParseFromString((out / "outputs.pb").read_bytes())
-    literal = LiteralMap.from_flyte_idl(pb).literals["info"]
-    return TypeEngine.to_python_value(FlyteContextManager.current_context(), literal, DatasetInfo)
+    literal = LiteralMap.from_flyte_idl(pb).literals["o0"]
+    return TypeEngine.to_python_value(FlyteContextManager.current_context(), literal, ShardPlan).info
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.slow
 def test_a_task_runs_in_the_image_without_fast_registration(image, tmp_path):
     specs = _package(REPO, tmp_path / "pkg.tgz")
-    args = list(specs["tasks.data.load_data"].template.container.args)
-    assert args[0] == "pyflyte-execute" and "tasks.data" in args  # the image's own copy of the code
+    args = list(specs["tasks.examples.plan_shards"].template.container.args)
+    assert args[0] == "pyflyte-execute" and "tasks.examples" in args  # the image's own copy of the code
     info = _execute(image, args, tmp_path)
     assert info.name == "digits" and info.num_classes == 10
 
@@ -235,7 +236,7 @@ def test_fast_registration_refreshes_core_built_ins_and_tasks_together(image, tm
     datasets = changed / "plugins" / "datasets.py"
     datasets.write_text(datasets.read_text().replace('name="digits"', 'name="digits, fast-registered"'))
     specs = _package(changed, tmp_path / "pkg.tgz", "--fast")
-    args = list(specs["tasks.data.load_data"].template.container.args)
+    args = list(specs["tasks.examples.plan_shards"].template.container.args)
     assert args[0] == "pyflyte-fast-execute" and args[args.index("--dest-dir") + 1] == "/root"
     (tarball,) = tmp_path.glob("fast*.tar.gz")
     info = _execute(image, args, tmp_path, fast_tarball=tarball)

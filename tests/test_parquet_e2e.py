@@ -1,8 +1,8 @@
 """The whole pipeline on Parquet shards in an S3 bucket (a real moto server), under real `pyflyte run`.
 
 A bad row in one shard is quarantined with its reason; the rest trains the CNN to the same bar
-as the built-in digits dataset. The same shards streamed (`parquet_stream`) take the other branch
-of the workflow and are held to the same rows.
+as the built-in digits dataset. The same shards streamed (`parquet_stream`) are prepared chunk by
+chunk as typed examples (a field per column) and are held to the same rows.
 """
 
 from __future__ import annotations
@@ -88,14 +88,14 @@ def test_pipeline_trains_from_s3_parquet_shards(tmp_path, moto_endpoint, mlflow_
     # The rejected row travels with the run: its values, its file and row there, and the reason.
     path = MlflowClient(uri).download_artifacts(run_id, "data/quarantine", str(tmp_path))
     (row,) = pd.read_parquet(path).itertuples()
-    assert (row.row, row.source_file, row.source_row) == (7, "s3://features/digits/v1/part-0.parquet", 7)
+    assert (row.source_file, row.source_row) == ("s3://features/digits/v1/part-0.parquet", 7)
     assert "pixel_12: in_range" in row.reason and "99" in row.reason and row.pixel_12 == 99.0
     report = MlflowClient(uri).download_artifacts(run_id, "data/validation/validation.html", str(tmp_path))
     assert "Quarantined rows per check" in open(report).read()
 
 
 @pytest.mark.timeout(900)
-def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, moto_endpoint, mlflow_server):
+def test_streamed_s3_shards_are_prepared_as_examples_and_lose_no_row(tmp_path, moto_endpoint, mlflow_server):
     frame = digits.load(None).rename(columns={"label": "digit"})
     frame.loc[7, "pixel_12"] = 99.0  # out of range, in the first shard
     frame.iloc[1500] = frame.iloc[20]  # a duplicate of a row two shards (and chunks) earlier
@@ -123,19 +123,20 @@ def test_streamed_s3_shards_take_the_streaming_branch_and_lose_no_row(tmp_path, 
     proc = run_pipeline(tmp_path, "--cfg", str(cfg), env={**_aws(moto_endpoint), "MLFLOW_TRACKING_URI": uri})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "1797 rows: 1795 valid, 2 quarantined" in proc.stdout
-    assert "ran prepare_stream," in proc.stdout and "load_data" not in proc.stdout  # the other branch ran
+    assert "combine_shards" in proc.stdout and "load_data" not in proc.stdout  # the examples' branch ran
     run_id = re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1)
     client = MlflowClient(uri)
     run = client.get_run(run_id)
     assert run.data.metrics["validation_quarantined_rows"] == 2
     assert run.data.metrics["test_accuracy"] >= 0.9
-    quarantine = pd.read_parquet(client.download_artifacts(run_id, "data/quarantine", str(tmp_path))).sort_values("row")
-    assert quarantine["row"].tolist() == [7, 1500]
+    quarantined = client.download_artifacts(run_id, "data/quarantine", str(tmp_path))
+    quarantine = pd.read_parquet(quarantined).sort_values(["source_file", "source_row"])
     assert quarantine["source_file"].tolist() == [
         "s3://features/digits/stream/part-0.parquet",
         "s3://features/digits/stream/part-2.parquet",
     ]
     assert quarantine["source_row"].tolist() == [7, 300]
+    assert quarantine["reason"].tolist()[0] == "pixel_12: in_range(0.0, 16.0) (got 99.0)"
     assert quarantine["reason"].iloc[1].startswith("duplicate")
 
 

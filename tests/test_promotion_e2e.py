@@ -200,10 +200,11 @@ def test_a_run_after_the_champion_changed_re_judges_instead_of_replaying(tmp_pat
     log = again.stdout + again.stderr
     assert again.returncode == 0, log[-4000:]
     # Training was not repeated, but the judgment was: against the new champion, not replayed (and the
-    # data was validated again, against the new champion's reference; the same rows re-ran nothing).
-    assert "cache       ran validate_data, record_candidate; from the cache: load_data, split_data" in again.stdout, (
-        again.stdout[-3000:]
+    # shards were combined again, against the new champion's reference; the same rows re-ran nothing).
+    ran = (
+        "cache       ran combine_shards, augment_data, record_candidate; from the cache: prepare_shard, preflight_check"
     )
+    assert ran in again.stdout, again.stdout[-3000:]
     # That "model" is no model anyone can load: it cannot be scored on this run's test split, so
     # the gate fails closed, and says why, rather than compare numbers from two test sets.
     assert (

@@ -13,7 +13,7 @@ from torch.ao.nn import quantized as nnq
 from flyscale import model as artifacts
 from flyscale.config import DataConfig, ModelConfig, QuantizeConfig
 from flyscale.data import source as data
-from flyscale.data.split import split
+from flyscale.data.prepare import prepare_table, prepared_frames
 from flyscale.data.tensors import to_tensors
 from flyscale.evaluate.metrics import evaluate
 from flyscale.evaluate.quantize import quantize, quantize_onnx, rebuild_quantized
@@ -40,7 +40,7 @@ MAX_LOGIT_ERROR = 0.04
 @pytest.fixture(scope="module")
 def digits():
     frame, info = data.load(DataConfig())
-    train, val, test = split(frame, DataConfig())
+    train, val, test = prepared_frames(prepare_table(frame, DataConfig(), info))
     return train_data(train, val, info), to_tensors(test, info), info
 
 

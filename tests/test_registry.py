@@ -21,9 +21,10 @@ from flyscale.config import (
     PipelineConfig,
     flatten,
 )
+from flyscale.data import shards
 from flyscale.data import source as data
-from flyscale.data import validation
 from flyscale.data.augment import augment
+from flyscale.data.prepare import prepare_table
 from flyscale.evaluate import gating
 from flyscale.evaluate.gating import ChampionRef
 from flyscale.plugin import registry
@@ -134,8 +135,9 @@ def test_a_dataset_may_leave_out_row_schema_but_not_load(register):
     frame, info = data.load(cfg)
     assert info == DatasetInfo("tab", 2, [2], ["a", "b"], feature_ranges={"b": [0.0, 5.0]})
     # Without a row schema of its own, rows are checked against what its info declares.
-    clean, bad, _, _ = validation.validate(frame, cfg, info)
-    assert len(clean) == 2 and bad["row"].tolist() == [2, 3]
+    prepared = prepare_table(frame, cfg, info)
+    bad = shards.read(prepared.quarantined.dir.path).sort_values("source_row", ignore_index=True)
+    assert prepared.report.valid_rows == 2 and bad["source_row"].tolist() == [2, 3]
     assert "a: finite" in bad["reason"][0] or "a: not_nullable" in bad["reason"][0]
     assert "b: in_range" in bad["reason"][1] and "label: class in [0, 2)" in bad["reason"][1]
 

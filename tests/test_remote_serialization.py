@@ -117,9 +117,9 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     assert custom["workerReplicas"]["replicas"] == 3
     assert custom["elasticConfig"]["nprocPerNode"] == 4
     assert custom["elasticConfig"]["minReplicas"] == custom["elasticConfig"]["maxReplicas"] == 3
-    # the model check, the four data branches (one a map task), both publish branches, the failure handler,
+    # the model check, the data branches (one a map task), both publish branches, the failure handler,
     # the data-only workflow's summary, and the content keying the search and the scaling study hand their splits through
-    assert len(_tasks(specs)) == 26
+    assert len(_tasks(specs)) == 22
     assert "tasks.register.close_failed_run" in specs
     # Batch prediction fans out: its scoring is an array node (a pod per piece on a cluster).
     assert any(n.startswith("tasks.predict.map_score_part") and n.endswith("-arraynode") for n in specs), sorted(specs)
@@ -143,7 +143,7 @@ def test_multi_node_training_serialises_as_pytorchjob(packaged):
     args = list(train.container.args)
     assert args[:4] == ["python", "-m", "flyscale.cluster.exit_codes", "pyflyte-execute"], args
     # Every other task asks for the file's (here default) small share.
-    load = specs["tasks.data.load_data"].template.container.resources
+    load = specs["tasks.examples.plan_shards"].template.container.resources
     assert {Resources.ResourceName.Name(r.name): r.value for r in load.requests} == {"CPU": "1", "MEMORY": "2Gi"}
 
 
@@ -157,7 +157,7 @@ def test_typed_examples_are_prepared_by_a_map_task_over_their_shards(packaged):
     assert array.node.task_node.reference_id.name.startswith("tasks.examples.map_prepare_shard_")
     shard = next(i.binding.promise for i in array.node.inputs if i.var == "shard")
     assert shard.attr_path[0].string_value == "shards"  # the plan's list of shards, mapped over
-    assert set(array.bound_inputs) == {"cfg", "info", "fingerprint"}
+    assert set(array.bound_inputs) == {"cfg", "info", "fingerprint", "edges"}
     assert array.min_success_ratio == 1  # a shard that fails fails the preparation: nothing is dropped
 
 
@@ -195,7 +195,7 @@ def test_an_unpinned_image_is_refused_with_the_way_to_pin_it(tmp_path, monkeypat
     from flyscale.cluster.image import check_pinned
 
     monkeypatch.setenv("FLYSCALE_ALLOW_UNPINNED_IMAGE", "1")  # the development clusters' escape hatch
-    check_pinned("ghcr.io/acme/flyscale:dev", "tasks.data.load_data")
+    check_pinned("ghcr.io/acme/flyscale:dev", "tasks.examples.plan_shards")
 
 
 @pytest.mark.timeout(400)
@@ -253,5 +253,5 @@ def test_only_the_tasks_that_talk_to_mlflow_are_given_its_user(packaged):
     user = {("mlflow", "tracking_username", 2), ("mlflow", "tracking_password", 2)}  # 2: MountType.FILE
     for name in ("tasks.register.register_model", "tasks.evaluate.gate_model", "tasks.train.train_model"):
         assert secrets(name) == user, name
-    for name in ("tasks.data.load_data", "tasks.data.split_data", "tasks.register.summarize"):
+    for name in ("tasks.examples.plan_shards", "tasks.data.augment_data", "tasks.register.summarize"):
         assert not secrets(name), name

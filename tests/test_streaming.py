@@ -144,11 +144,21 @@ def test_the_context_decides_rank_and_world(tmp_path):
 # --- preparing streamed data: chunk by chunk, the same verdicts as in memory -----------------------
 
 
+def _streamed(cfg, rows: int):
+    """A streamed table prepared as the pipeline prepares it: as examples of a field per column,
+    the plugin's chunks of `rows` rows one after another in one shard, then combined."""
+    from flyscale.data import example_combine, example_prep, source, table_examples
+    from flyscale.data.reference import Reference
+
+    r, info = cfg.plugin, table_examples.fields_of(source.info(cfg))
+    batches = table_examples.batches(r.plugin.chunks(r.options, rows=rows), info, f"dataset {cfg.dataset!r}")
+    return example_combine.combine([example_prep.prepare_shard(batches, cfg, info)], cfg, info, Reference())
+
+
 def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(tmp_path):
     from flyscale.config import DataConfig
     from flyscale.data import source as data
-    from flyscale.data import stream_prep, validation
-    from flyscale.data.reference import Reference
+    from flyscale.data.prepare import prepare_table
 
     rng = np.random.default_rng(0)
     first_row = None  # of the first file, once written
@@ -167,20 +177,26 @@ def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(
     memory_cfg = DataConfig(dataset="parquet", options=options, max_quarantine_fraction=0.5)
     stream_cfg = DataConfig(dataset="parquet_stream", options=options, max_quarantine_fraction=0.5)
     frame, info = data.load(memory_cfg)
-    _, in_memory, memory_report, _ = validation.validate(frame, memory_cfg, info)
-    r = stream_cfg.plugin
-    prepared = stream_prep.prepare(r.plugin.chunks(r.options, rows=100), stream_cfg, info, Reference())
+    whole = prepare_table(frame, memory_cfg, info)
+    in_memory, memory_report = shards.read(whole.quarantined.dir.path), whole.report
+    prepared = _streamed(stream_cfg, rows=100)
     streamed = shards.read(prepared.quarantined.dir.path)
     origin = lambda q: sorted(zip(q["source_file"], q["source_row"]))  # noqa: E731
     assert origin(streamed) == origin(in_memory) and len(streamed) == 3 * 3 + 2
+    # The same reasons, in the same words: the table's row schema judged each chunk.
+    reasons = lambda q: sorted(zip(q["source_file"], q["source_row"], q["reason"]))  # noqa: E731
+    assert reasons(streamed) == reasons(in_memory)
     report = prepared.report
     assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (1200, 1200 - 11, 11)
     assert prepared.train.rows + prepared.val.rows + prepared.test.rows == report.valid_rows  # nothing lost
     assert 0.1 < prepared.test.rows / report.valid_rows < 0.3 and 0.05 < prepared.val.rows / report.valid_rows < 0.25
-    assert sum(report.checks.values()) == sum(memory_report.checks.values()) == 11
+    assert report.checks == memory_report.checks and len(report.checks) == 4  # three rules and duplicates
     assert prepared.profile.rows == report.valid_rows and set(prepared.profile.features) == {"f0", "f1", "f2"}
+    # The splits hold the table's columns, as training reads them.
+    train = shards.read(prepared.train.dir.path)
+    assert {"f0", "f1", "f2", "label"} <= set(train.columns) and len(train) == prepared.train.rows
     # Split by where each row came from: the same data always splits the same way.
-    again = stream_prep.prepare(r.plugin.chunks(r.options, rows=300), stream_cfg, info, Reference())
+    again = _streamed(stream_cfg, rows=300)
     assert (again.train.rows, again.val.rows, again.test.rows) == (
         prepared.train.rows,
         prepared.val.rows,
@@ -188,12 +204,11 @@ def test_streamed_validation_quarantines_exactly_what_in_memory_validation_does(
     )
 
 
-def test_a_streamed_duplicate_is_confirmed_by_its_values_not_its_hash(tmp_path):
-    """Rows that differ but share a content hash (within a chunk, and with a row of an earlier
-    file) are all kept; the true duplicates, within a chunk and across chunks, are quarantined."""
+def test_a_streamed_duplicate_is_quarantined_within_a_chunk_across_chunks_and_across_files(tmp_path):
+    """The true duplicates are quarantined wherever their twin was kept; rows that only share a
+    hash are kept (the same code as typed examples': tests/test_examples.py holds that)."""
     from flyscale.config import DataConfig
-    from flyscale.data import source, stream_prep
-    from flyscale.data.reference import Reference
+    from flyscale.data.prepared import DUPLICATE
 
     rng = np.random.default_rng(1)
     files = [
@@ -204,33 +219,15 @@ def test_a_streamed_duplicate_is_confirmed_by_its_values_not_its_hash(tmp_path):
     files[2].iloc[5] = files[0].iloc[3].to_numpy()  # across files
     for i, frame in enumerate(files):
         frame.to_parquet(tmp_path / f"part-{i}.parquet", index=False)
-    # Distinct rows given one hash: two in the first chunk, two in later files.
-    colliding = [files[0].f0[7], files[0].f0[8], files[1].f0[30], files[2].f0[9]]
-
-    def collide(rows: pd.DataFrame) -> np.ndarray:
-        digest = stream_prep.row_hash(rows)
-        digest[rows["f0"].isin(colliding).to_numpy()] = 42
-        return digest
-
-    cfg = DataConfig(dataset="parquet_stream", options={"path": str(tmp_path), "label": "target"})
-    r, info = cfg.plugin, source.info(cfg)
-    strong, weak = (
-        stream_prep.prepare(r.plugin.chunks(r.options, rows=100), cfg, info, Reference(), hash_rows=h)
-        for h in (stream_prep.row_hash, collide)
-    )
-    for out in (strong, weak):
-        quarantined = shards.read(out.quarantined.dir.path)
-        assert sorted(zip(quarantined["source_file"], quarantined["source_row"])) == [
-            (str(tmp_path / "part-1.parquet"), 20),
-            (str(tmp_path / "part-1.parquet"), 150),
-            (str(tmp_path / "part-2.parquet"), 5),
-        ]
-        assert set(quarantined["reason"]) == {stream_prep.DUPLICATE}
-        assert (out.report.valid_rows, out.report.quarantined_rows) == (597, 3)
-    key = ["f0", "f1", info.label_column]
-    for split in ("train", "val", "test"):
-        kept = [shards.read(getattr(out, split).dir.path).sort_values(key, ignore_index=True) for out in (strong, weak)]
-        assert kept[0].equals(kept[1])
+    out = _streamed(DataConfig(dataset="parquet_stream", options={"path": str(tmp_path), "label": "target"}), 100)
+    quarantined = shards.read(out.quarantined.dir.path)
+    assert sorted(zip(quarantined["source_file"], quarantined["source_row"])) == [
+        (str(tmp_path / "part-1.parquet"), 20),
+        (str(tmp_path / "part-1.parquet"), 150),
+        (str(tmp_path / "part-2.parquet"), 5),
+    ]
+    assert set(quarantined["reason"]) == {DUPLICATE}
+    assert (out.report.valid_rows, out.report.quarantined_rows) == (597, 3)
 
 
 def test_validation_batches_hold_every_streamed_row_in_order(tmp_path):

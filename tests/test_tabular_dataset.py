@@ -17,8 +17,9 @@ import pandas as pd
 import pytest
 
 from flyscale.config import DataConfig
+from flyscale.data import shards
 from flyscale.data import source as data
-from flyscale.data import validation
+from flyscale.data.prepare import prepare_table
 from flyscale_plugins.tabular import TabularOptions, parquet
 
 pytestmark = pytest.mark.timeout(180)
@@ -87,7 +88,7 @@ ROW_LEVEL = {
     "inf": (_inf, "f2: finite"),
     "out_of_range": (_out_of_range, "f1: in_range"),
     "label_outside_classes": (_bad_label, "label: class in [0, 3)"),
-    "duplicate": (_duplicate, "duplicate: the same values as row"),
+    "duplicate": (_duplicate, "duplicate: the same values as an earlier row"),
 }
 SCHEMA_LEVEL = {
     "missing_column": (_missing, "has no column 'f1'"),
@@ -130,11 +131,12 @@ def test_row_level_failures_are_quarantined_with_file_row_and_reason(place, fmt,
     put(f"b.{fmt}", _bytes(spoil(_frame(2)), fmt))
     cfg = _cfg(root, fmt, declared)
     frame, info = data.load(cfg)
-    clean, quarantined, report, _ = validation.validate(frame, cfg, info)
-    assert len(clean) + len(quarantined) == len(frame) == 60  # nothing lost
+    prepared = prepare_table(frame, cfg, info)
+    report, quarantined = prepared.report, shards.read(prepared.quarantined.dir.path)
+    assert report.valid_rows + len(quarantined) == len(frame) == 60  # nothing lost
     (row,) = quarantined.itertuples()
     assert check in row.reason, row.reason
-    assert row.source_file == f"{root}/b.{fmt}" and row.source_row == 4 and row.row == 34
+    assert row.source_file == f"{root}/b.{fmt}" and row.source_row == 4
     assert report.quarantined_rows == 1 and sum(report.checks.values()) == 1
     assert info.num_classes == 3  # a stray label does not make a bigger classifier
 
@@ -182,7 +184,7 @@ def test_an_empty_dataset_is_rejected(place, fmt):
     pinned = Reference("v1", PinnedSchema(FEATURES, dict.fromkeys(FEATURES, "double"), 3))
     for reference in (None, pinned):
         with pytest.raises(ValueError, match=r"holds no rows \(empty\)"):
-            validation.validate(frame, cfg, info, reference)
+            prepare_table(frame, cfg, info, reference)
 
 
 def test_inferred_features_name_the_file_and_the_column_it_lacks(tmp_path):
@@ -371,8 +373,10 @@ def test_a_fractional_label_is_quarantined_not_truncated(tmp_path):
     frame.to_parquet(tmp_path / "f.parquet", index=False)
     cfg = _cfg(str(tmp_path), "parquet", False, ranges={})
     frame, info = data.load(cfg)
-    clean, quarantined, _, _ = validation.validate(frame, cfg, info)
-    assert quarantined["row"].tolist() == [3] and "1.5" in quarantined["reason"][0] and len(clean) == 19
+    prepared = prepare_table(frame, cfg, info)
+    quarantined = shards.read(prepared.quarantined.dir.path)
+    assert quarantined["source_row"].tolist() == [3] and "1.5" in quarantined["reason"][0]
+    assert prepared.report.valid_rows == 19
 
 
 def test_both_formats_are_entry_points():

@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 
 from flyscale.config import DataConfig
+from flyscale.data import shards
 from flyscale.data import source as data
-from flyscale.data import validation
-from flyscale.data.drift import profile, psi
+from flyscale.data.drift import psi
+from flyscale.data.prepare import prepare_table
+from flyscale.data.prepared import DUPLICATE
 from flyscale.data.reference import (
     PinnedSchema,
     Reference,
@@ -47,7 +49,7 @@ class Frames:
     """A dataset plugin with no row schema of its own: the checks come from the info alone."""
 
     def load(self, options):
-        raise NotImplementedError  # these tests hand validate() their frames directly
+        raise NotImplementedError  # these tests hand prepare_table() their frames directly
 
     def info(self, options):
         raise NotImplementedError
@@ -66,9 +68,17 @@ def _cfg(**kw) -> DataConfig:
     return DataConfig(dataset="t_frames", **kw)
 
 
+def _profile(frame: pd.DataFrame, info: DatasetInfo):
+    return prepare_table(frame, _cfg(), replace(info, inferred=[])).profile
+
+
 def _reference(frame: pd.DataFrame, info: DatasetInfo) -> Reference:
-    text = reference_json(info, profile(frame, info))
+    text = reference_json(info, _profile(frame, info))
     return load_reference(text, "v7")
+
+
+def _quarantined(prepared) -> pd.DataFrame:
+    return shards.read(prepared.quarantined.dir.path).sort_values("source_row", ignore_index=True)
 
 
 def test_a_batch_whose_inferred_columns_differ_from_the_pinned_ones_is_rejected_naming_them():
@@ -79,14 +89,13 @@ def test_a_batch_whose_inferred_columns_differ_from_the_pinned_ones_is_rejected_
         (("a", "z"), r"missing \['b'\]; added \['z'\]; \(renamed\?\)"),
     ]:
         with pytest.raises(ValueError, match=r"columns differ from the schema pinned with v7 .*" + message):
-            validation.validate(_frame(features=features), _cfg(), _info(features), ref)
+            prepare_table(_frame(features=features), _cfg(), _info(features), ref)
     retyped = replace(_info(), feature_dtypes={"a": "int64", "b": "double"})
     with pytest.raises(ValueError, match=r"another dtype: \['a \(double -> int64\)'\]"):
-        validation.validate(_frame(), _cfg(), retyped, ref)
+        prepare_table(_frame(), _cfg(), retyped, ref)
     # Declared features are the user's word: no pin applies.
     declared = _info(("a", "z"), inferred=())
-    clean, _, _, _ = validation.validate(_frame(features=("a", "z")), _cfg(), declared, ref)
-    assert len(clean) == 300
+    assert prepare_table(_frame(features=("a", "z")), _cfg(), declared, ref).report.valid_rows == 300
 
 
 def test_pinned_classes_hold_a_stray_label_to_quarantine():
@@ -94,23 +103,37 @@ def test_pinned_classes_hold_a_stray_label_to_quarantine():
     frame = _frame()
     frame.loc[10, "label"] = 3
     grown = _info(classes=4)  # what inference alone would now say
-    clean, quarantined, report, info = validation.validate(frame, _cfg(), grown, ref)
-    assert info.num_classes == 3 and report.pinned_classes
-    assert quarantined["row"].tolist() == [10] and "label: class in [0, 3)" in quarantined["reason"][0]
+    prepared = prepare_table(frame, _cfg(), grown, ref)
+    quarantined = _quarantined(prepared)
+    assert prepared.info.num_classes == 3
+    assert quarantined["source_row"].tolist() == [10] and "label: class in [0, 3)" in quarantined["reason"][0]
 
 
 def test_drift_is_measured_against_the_reference_and_gated_when_configured():
     info = _info(inferred=())
     ref = _reference(_frame(3000, seed=1), info)
-    _, _, same, _ = validation.validate(_frame(3000, seed=2), _cfg(), info, ref)
-    _, _, moved, _ = validation.validate(_frame(3000, seed=2, shift=1.5), _cfg(), info, ref)
+    same = prepare_table(_frame(3000, seed=2), _cfg(), info, ref).report
+    moved = prepare_table(_frame(3000, seed=2, shift=1.5), _cfg(), info, ref).report
     assert set(same.drift) == {"a", "b", "label"} and same.reference == "v7"
     assert max(same.drift.values()) < 0.1 < 1.0 < moved.drift["a"]  # stable vs a significant shift
     assert moved.drift["label"] == pytest.approx(0.0, abs=1e-6)  # the labels did not move
     with pytest.raises(
         ValueError, match=r"drifted from v7: PSI above data.max_drift_psi=0.25 for 2 of 3 columns \([ab] \d"
     ):
-        validation.validate(_frame(3000, seed=2, shift=1.5), _cfg(max_drift_psi=0.25), info, ref)
+        prepare_table(_frame(3000, seed=2, shift=1.5), _cfg(max_drift_psi=0.25), info, ref)
+
+
+def test_a_reference_on_other_bins_is_counted_on_its_bins():
+    """A reference recorded on its own bins (an older champion's deciles of its data) is still
+    measured against: each column of the new data is counted on the reference's edges."""
+    from flyscale.data.reference import FeatureProfile, Profile
+
+    info = _info(inferred=())
+    edges = [-3.0, -1.0, 0.0, 1.0, 3.0]
+    ref = Reference("v3", profile=Profile(300, {"a": FeatureProfile(edges, [48, 102, 102, 48])}, {"0": 100}))
+    prepared = prepare_table(_frame(), _cfg(), info, ref)
+    assert prepared.profile.features["a"].edges == edges and sum(prepared.profile.features["a"].counts) == 300
+    assert set(prepared.report.drift) == {"a", "label"} and prepared.report.drift["a"] < 0.1
 
 
 def test_psi_is_zero_for_the_same_histogram_and_grows_with_the_shift():
@@ -124,7 +147,7 @@ def test_the_ceiling_gives_counts_and_the_commonest_reasons():
     frame.loc[:150, "pixel_7"] = -1.0
     frame.loc[200:240, "pixel_9"] = np.nan
     with pytest.raises(ValueError) as err:
-        validation.validate(frame, DataConfig(), info)
+        prepare_table(frame, DataConfig(), info)
     text = str(err.value)
     assert "192 of 1797 rows failed validation (10.7%)" in text
     assert "pixel_7: in_range(0.0, 16.0) (151 rows)" in text and "pixel_9: not_nullable (41 rows)" in text
@@ -134,10 +157,11 @@ def test_duplicates_keep_the_first_and_say_which_row_they_repeat():
     frame = _frame(20)
     frame.loc[7] = frame.loc[2]
     frame.loc[9] = frame.loc[2]
-    clean, quarantined, report, _ = validation.validate(frame, _cfg(max_quarantine_fraction=0.5), _info(inferred=()))
-    assert quarantined["row"].tolist() == [7, 9] and len(clean) == 18
-    assert all(r == "duplicate: the same values as row 2" for r in quarantined["reason"])
-    assert report.checks == {"duplicate: the same values as row 2": 2}
+    prepared = prepare_table(frame, _cfg(max_quarantine_fraction=0.5), _info(inferred=()))
+    quarantined = _quarantined(prepared)
+    assert quarantined["source_row"].tolist() == [7, 9] and prepared.report.valid_rows == 18
+    assert all(r == DUPLICATE for r in quarantined["reason"])
+    assert prepared.report.checks == {DUPLICATE: 2}
 
 
 def test_the_report_page_shows_checks_examples_drift_and_distributions(tmp_path):
@@ -145,8 +169,9 @@ def test_the_report_page_shows_checks_examples_drift_and_distributions(tmp_path)
     ref = _reference(_frame(seed=1), info)
     frame = _frame(seed=2, shift=0.5)
     frame.loc[3, "a"] = np.nan
-    clean, quarantined, report, info = validation.validate(frame, _cfg(), info, ref)
-    out = validation_report.write(report, quarantined, clean, info, profile(clean, info), ref)
+    prepared = prepare_table(frame, _cfg(), info, ref)
+    quarantined = _quarantined(prepared)
+    out = validation_report.write(prepared.report, quarantined, prepared.profile, ref)
     page = open(f"{out}/validation.html").read()
     assert "300 rows: 299 valid, 1 quarantined" in page and "against v7" in page
     assert "a: not_nullable" in page and "Examples" in page and "Drift (PSI" in page
@@ -160,7 +185,7 @@ def test_a_reference_file_is_read_and_a_bad_one_is_named(tmp_path):
 
     info = _info()
     path = tmp_path / "ref.json"
-    path.write_text(reference_json(info, profile(_frame(), info)))
+    path.write_text(reference_json(info, _profile(_frame(), info)))
     ref = read_reference(MlflowConfig(), str(path), "sha")
     assert ref.source == str(path) and ref.schema == PinnedSchema(["a", "b"], {"a": "double", "b": "double"}, 3)
     assert json.loads(path.read_text())["profile"]["rows"] == 300
@@ -175,52 +200,44 @@ def test_a_reference_file_is_read_and_a_bad_one_is_named(tmp_path):
 
 
 INVARIANTS = """
-import numpy as np, pandas as pd
+import numpy as np, pandas as pd, pyarrow as pa
 from flyscale.config import DataConfig
-from flyscale.data import split, validation
+from flyscale.data import example_combine, example_prep, table_examples
+from flyscale.data.reference import Reference
 from flyscale.errors import InvariantBroken
 from flyscale.plugin import registry
 from flyscale.plugin.contracts import DatasetInfo
 
 
-class Frames:  # rows handed to validate() directly, checked against the info alone
+class Frames:  # no row schema of its own: rows are checked against the info alone
     def load(self, options): ...
     def info(self, options): ...
 
 
 registry.datasets.register("t_frames", Frames())
 cfg = DataConfig(dataset="t_frames")
-frame = pd.DataFrame({"a": np.arange(40.0), "label": np.arange(40) % 2})
-info = DatasetInfo("t", 2, [1], ["a"], feature_dtypes={"a": "double"})
-found = []
-real = validation.quarantine_rows
-validation.quarantine_rows = lambda *a: real(*a).iloc[:0].reindex(range(1))  # one row too many comes back
+info = table_examples.fields_of(DatasetInfo("t", 2, [1], ["a"]))
+part = example_prep.prepare_shard([pa.table({"a": np.arange(40.0), "label": np.arange(40) % 2})], cfg, info)
+part.quarantined += 1  # one row too many comes back
 try:
-    validation.validate(frame, cfg, info)
+    example_combine.combine([part], cfg, info, Reference())
 except InvariantBroken as exc:
-    found.append(str(exc))
-validation.quarantine_rows = real
-split._stratified = lambda labels, fraction, rng: (np.arange(len(labels)), np.arange(2))  # rows in two parts
-try:
-    split.split(frame, cfg)
-except InvariantBroken as exc:
-    found.append(str(exc))
-print(found)
+    print(str(exc))
 """
 
 
 @pytest.mark.slow
 def test_the_promised_invariants_are_real_errors_that_python_O_keeps():
-    """Rows conserved by validation, splits disjoint: checked by errors, not asserts, so that
-    `python -O` (which strips every assert) still stops a run that broke them."""
+    """Rows conserved by validation: checked by an error, not an assert, so that `python -O`
+    (which strips every assert) still stops a run that broke it. (Each row goes to exactly one
+    split by construction: one hash, three ranges.)"""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-O", "-c", INVARIANTS], capture_output=True, text=True, check=True)
-    found = eval(out.stdout.strip().splitlines()[-1])  # the list the probe printed
-    assert len(found) == 2, out.stdout + out.stderr
-    assert found[0].startswith("validation lost rows: 40 in, 40 valid + 1 quarantined out")
-    assert "of them in two parts" in found[1] and "a bug in flyscale" in found[1]
+    found = out.stdout.strip().splitlines()[-1]
+    assert found.startswith("validation lost examples: 40 in, 40 valid + 1 quarantined out"), out.stdout + out.stderr
+    assert "a bug in flyscale" in found
 
 
 def test_drift_of_wide_data_is_a_few_metrics():

@@ -2,12 +2,12 @@
 the graph shows which ran), and `prepare_data`, which prepares a dataset without training on it.
 Wiring only.
 
-- `in_memory_data`: load, validate, split (stratified) and augment, as DataFrames.
-- `streamed_data`: for data larger than memory, one task validates it chunk by chunk and splits
-  it as it streams by.
-- `examples_data`: for typed examples (images, ...), each shard of the dataset is validated
-  field by field and split by a task of its own (a map task), and one small task combines them.
-- `text_data`: documents, prepared as examples are, then tokenized and packed into sequences.
+- `examples_data`: every kind of data is prepared here as typed examples: each shard of the
+  dataset is validated field by field and split by a task of its own (a map task), and one small
+  task combines them. A table is examples of a field per column (flyscale/data/table_examples.py),
+  in one shard; one larger than memory is read chunk by chunk.
+- `table_data`: a table in memory, prepared so, and then its training rows' augmented copies.
+- `text_data`: documents, prepared so, then tokenized and packed into sequences.
 
 All end in the same outputs: the three splits as Parquet shards, what validation found
 (tasks/records.py ValidatedData), and the stamps of the cached tasks that ran.
@@ -23,16 +23,7 @@ from flyscale.data.source import DataFingerprint
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.data_kind import DataKind
 from flyscale.render.data_summary import DataSummary
-from tasks.data import (
-    augment_data,
-    fingerprint_data,
-    load_data,
-    prepare_stream,
-    read_reference,
-    split_data,
-    summarize_data,
-    validate_data,
-)
+from tasks.data import augment_data, fingerprint_data, read_reference, summarize_data
 from tasks.examples import combine_shards, plan_shards, prepare_shards
 from tasks.records import ValidatedData
 from tasks.text import tokenize_text
@@ -47,40 +38,23 @@ class Prepared(NamedTuple):
 
 
 @workflow
-def in_memory_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
-    """load -> reference -> validate -> split -> augment(train)."""
-    raw, loaded_info, content, load_ran = load_data(cfg=cfg.data, fingerprint=fingerprint)
-    reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=content)
-    # `validated.info` is the info as validation held it to the reference (pinned classes); every later stage uses it.
-    clean, validated, validate_ran = validate_data(
-        raw=raw, info=loaded_info, content=content, cfg=cfg.data, reference=reference, store=cfg.mlflow
-    )
-    train, val, test, split_ran = split_data(clean=clean, cfg=cfg.data)
-    augmented, augment_ran = augment_data(train=train, info=validated.info, cfg=cfg.augment)
-    return Prepared(augmented, val, test, validated, [load_ran, validate_ran, split_ran, augment_ran])
-
-
-@workflow
-def streamed_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
-    """reference -> prepare the stream (validate chunk by chunk, split as it goes)."""
-    # Held to the champion's reference by the source's fingerprint: hashing the content would read it all.
-    reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
-    train, val, test, validated, prepare_ran = prepare_stream(
-        cfg=cfg.data, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
-    )
-    return Prepared(train, val, test, validated, [prepare_ran])
-
-
-@workflow
 def examples_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
     """reference -> plan the shards -> prepare each shard (a map task) -> combine them."""
     reference = read_reference(cfg=cfg.data, store=cfg.mlflow, content=fingerprint)
     plan = plan_shards(cfg=cfg.data, fingerprint=fingerprint, reference=reference)
-    parts = prepare_shards(shard=plan.shards, cfg=cfg.data, info=plan.info, fingerprint=fingerprint)
+    parts = prepare_shards(shard=plan.shards, cfg=cfg.data, info=plan.info, fingerprint=fingerprint, edges=plan.edges)
     train, val, test, validated, runs = combine_shards(
         parts=parts, cfg=cfg.data, info=plan.info, fingerprint=fingerprint, reference=reference, store=cfg.mlflow
     )
     return Prepared(train, val, test, validated, runs)
+
+
+@workflow
+def table_data(cfg: PipelineConfig, fingerprint: DataFingerprint) -> Prepared:
+    """a table in memory: prepared as typed examples of a field per column -> augment(train)."""
+    train, val, test, validated, prepared = examples_data(cfg=cfg, fingerprint=fingerprint)
+    augmented, runs = augment_data(train=train, info=validated.info, cfg=cfg.augment, runs=prepared)
+    return Prepared(augmented, val, test, validated, runs)
 
 
 @workflow
@@ -107,12 +81,10 @@ def dataset(cfg: PipelineConfig, fingerprint: DataFingerprint, kind: DataKind, t
         conditional("data")
         .if_(kind == DataKind.DOCUMENTS.value)
         .then(text_data(cfg=cfg, fingerprint=fingerprint, tokenizer=tokenizer))
-        .elif_(kind == DataKind.EXAMPLES.value)
-        .then(examples_data(cfg=cfg, fingerprint=fingerprint))
-        .elif_(kind == DataKind.TABLE_STREAM.value)
-        .then(streamed_data(cfg=cfg, fingerprint=fingerprint))
+        .elif_(kind == DataKind.TABLE.value)
+        .then(table_data(cfg=cfg, fingerprint=fingerprint))
         .else_()
-        .then(in_memory_data(cfg=cfg, fingerprint=fingerprint))
+        .then(examples_data(cfg=cfg, fingerprint=fingerprint))
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import field
 
 from flyscale.config.base import Section, fraction, positive, section
 from flyscale.config.plugins import PluginSection, canonical, resolve
-from flyscale.plugin.data_kind import declared_kind
+from flyscale.plugin.data_kind import DataKind, declared_kind
 from flyscale.plugin.registry import Resolved
 from flyscale.plugin.strategy_protocol import fixed_workers
 
@@ -41,7 +41,8 @@ class DataConfig(PluginSection):
     # instead of the champion's; empty: the champion's, when there is one.
     reference: str = ""
     # Typed examples (images, text) only. Training streams the splits' row groups instead of
-    # reading them into memory (data larger than memory); a table streams with parquet_stream.
+    # reading them into memory (data larger than memory); a table streams with parquet_stream or
+    # csv_stream, which set it.
     streaming: bool = False
     # Typed examples only: the splits keep encoded images (PNG, JPEG) as they came, and the loader
     # decodes them, in its worker processes when training streams: a fraction of the disk for
@@ -55,9 +56,11 @@ class DataConfig(PluginSection):
         fraction(self, "max_quarantine_fraction")
         if self.max_drift_psi < 0:
             raise ValueError(f"data.max_drift_psi must be >= 0 (0 = report only), got {self.max_drift_psi}")
-        table = declared_kind(self.plugin).is_table
+        kind = declared_kind(self.plugin)
+        if kind is DataKind.TABLE_STREAM:
+            self.streaming = True  # what such a dataset is for: training never reads its splits whole
         for name in ("streaming", "keep_encoded"):
-            if getattr(self, name) and table:
+            if getattr(self, name) and kind.is_table and not (name == "streaming" and kind is DataKind.TABLE_STREAM):
                 raise ValueError(
                     f"data.{name} is for datasets of typed examples (images, text); {self.dataset!r} is a table"
                     + (": stream a table with parquet_stream or csv_stream" if name == "streaming" else "")

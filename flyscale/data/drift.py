@@ -1,32 +1,14 @@
-"""How far new data has moved from the reference: per-feature histograms on the reference's
-deciles, label counts, and the population stability index (PSI) of each against the reference."""
+"""How far new data has moved from the reference: histograms, the population stability index
+(PSI) between two of them, and the few numbers MLflow logs of it (the histograms themselves are
+counted as the data is prepared: flyscale/data/field_profile.py)."""
 
 from __future__ import annotations
 
 import logging
 
 import numpy as np
-import pandas as pd
-
-from flyscale.data.reference import FeatureProfile, Profile
-from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
-
-
-BINS = 10  # reference histograms: deciles of the reference data
-
-
-def profile(frame: pd.DataFrame, info: DatasetInfo) -> Profile:
-    """Decile histograms of every feature, and the label counts: the reference for later batches."""
-    out = Profile(rows=len(frame))
-    for name in info.feature_columns:
-        values = frame[name].to_numpy(dtype="float64")
-        edges = np.unique(np.quantile(values, np.linspace(0, 1, BINS + 1))) if len(values) else np.array([0.0])
-        out.features[name] = FeatureProfile(edges=[float(e) for e in edges], counts=histogram(values, edges))
-    labels = frame[info.label_column].astype("int64").value_counts()
-    out.labels = {str(k): int(labels.get(k, 0)) for k in range(info.num_classes)}
-    return out
 
 
 def histogram(values: np.ndarray, edges: np.ndarray) -> list[int]:
@@ -42,18 +24,6 @@ def psi(expected: list[int], actual: list[int], eps: float = 1e-4) -> float:
     e = np.clip(e / max(e.sum(), 1), eps, None)
     a = np.clip(a / max(a.sum(), 1), eps, None)
     return float(np.sum((a - e) * np.log(a / e)))
-
-
-def drift(frame: pd.DataFrame, info: DatasetInfo, ref: Profile) -> dict[str, float]:
-    """PSI of each feature the reference profiled, and of the labels, for `frame` against `ref`."""
-    out = {}
-    for name, fp in ref.features.items():
-        if name in frame:
-            out[name] = psi(fp.counts, histogram(frame[name].to_numpy(dtype="float64"), np.asarray(fp.edges)))
-    labels = frame[info.label_column].astype("int64").value_counts()
-    classes = sorted(set(ref.labels) | {str(k) for k in labels.index})
-    out["label"] = psi([ref.labels.get(c, 0) for c in classes], [int(labels.get(int(c), 0)) for c in classes])
-    return out
 
 
 SIGNIFICANT_PSI = 0.25  # the usual threshold of a significant shift, when data.max_drift_psi sets none

@@ -24,20 +24,19 @@ import pyarrow.parquet as pq
 from flytekit.types.directory import FlyteDirectory
 
 from flyscale.config import DataConfig
-from flyscale.data import example_checks, field_profile, fields, shards, validation
+from flyscale.data import example_checks, field_profile, fields, shards, table_examples, validation
 from flyscale.data.example_prep import (
     _PART_BITS,
     _SPLIT_BITS,
     ORIGIN,
-    SAMPLE_ROWS,
     SPLITS,
     ShardPart,
     _read_back,
     quarantine_schema,
 )
+from flyscale.data.prepared import DUPLICATE, Prepared, SeenRows
 from flyscale.data.reference import Reference
 from flyscale.data.shards import Shards, ShardWriter
-from flyscale.data.stream_prep import DUPLICATE, Prepared, SeenRows
 from flyscale.data.validation import ValidationReport
 from flyscale.errors import DataError, require
 from flyscale.flyte import content
@@ -67,7 +66,7 @@ def combine(parts: list[ShardPart], cfg: DataConfig, info: DatasetInfo, referenc
     ordered = [_Part(p) for p in sorted(parts, key=lambda p: p.index)]
     total = sum(p.part.rows for p in ordered)
     if total == 0:
-        raise DataError(f"{where} holds no examples: there is nothing to validate or train on")
+        raise DataError(f"{where} holds no {_items(info)} (empty): there is nothing to validate or train on")
     dropped, quarantine, duplicates = _cross_shard_duplicates(ordered, info)
     checks = Counter[str]()
     for p in ordered:
@@ -76,7 +75,7 @@ def combine(parts: list[ShardPart], cfg: DataConfig, info: DatasetInfo, referenc
     quarantined_dir = _assemble_quarantine(ordered, quarantine, info)
     profiler = field_profile.merge([p.part.profile for p in ordered])
     if duplicates is not None:  # take back what the repeats had added to their shard's profile
-        minus = field_profile.Profiler(info)
+        minus = field_profile.Profiler(info, field_profile.reference_edges(info, reference.profile))
         minus.add(duplicates, sign=-1)
         profiler = field_profile.merge([profiler, minus.profile()])
     quarantined = sum(p.part.quarantined for p in ordered) + quarantine.rows
@@ -105,7 +104,7 @@ def combine(parts: list[ShardPart], cfg: DataConfig, info: DatasetInfo, referenc
         "prepared %d examples in %d shards: %d train, %d validation, %d test, %d quarantined",
         *(total, len(ordered), train.rows, val.rows, test.rows, quarantined),
     )
-    return Prepared(train, val, test, quarantined_dir, report, profiler, info, _label_sample(profiler, info))
+    return Prepared(train, val, test, quarantined_dir, report, profiler, info)
 
 
 def _cross_shard_duplicates(
@@ -227,12 +226,5 @@ def _assemble_quarantine(ordered: list[_Part], duplicates: ShardWriter, info: Da
     return Shards(dir=FlyteDirectory(str(out)), rows=rows, sha256=content.directory_sha256(out))
 
 
-def _label_sample(profile, info: DatasetInfo) -> pd.DataFrame:
-    """Labels in their counts (at most SAMPLE_ROWS), for the report's label plot. A real-valued
-    target has no counts per class (its values are profiled as a feature's): none."""
-    if not info.label_column:
-        return pd.DataFrame({"label": np.zeros(0, dtype="int64")})
-    if fields.real_target(info) is not None:
-        return pd.DataFrame({info.label_column: np.zeros(0, dtype="float32")})
-    counts = [profile.labels.get(str(k), 0) for k in range(info.num_classes)]
-    return pd.DataFrame({info.label_column: np.repeat(np.arange(info.num_classes), counts)[:SAMPLE_ROWS]})
+def _items(info: DatasetInfo) -> str:
+    return "rows" if table_examples.is_table(info) else "examples"

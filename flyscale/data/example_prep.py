@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +30,11 @@ import pyarrow.parquet as pq
 from flytekit.types.directory import FlyteDirectory
 
 from flyscale.config import DataConfig
-from flyscale.data import example_checks, field_profile, fields, shards, validation
+from flyscale.data import example_checks, field_profile, fields, shards, table_examples, validation
 from flyscale.data.example_checks import Checked
+from flyscale.data.prepared import DUPLICATE, SeenRows, split_of
 from flyscale.data.reference import Profile
 from flyscale.data.shards import ShardWriter
-from flyscale.data.stream_prep import DUPLICATE, SeenRows, _split_of
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.records import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo
 
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
 ORIGIN = ("source_file", "source_row", "source_key")  # how the splits and the quarantine name an example's origin
-SAMPLE_ROWS = 10_000  # labels kept for the report's plot
 _PART_BITS, _SPLIT_BITS = np.uint64(40), np.uint64(38)  # a location: part << 40 | split << 38 | position
 
 
@@ -114,20 +113,20 @@ def _as_came(
 class _Writers:
     """A shard's three split writers, each kept example's location, and its profile."""
 
-    def __init__(self, root: Path, cfg: DataConfig, info: DatasetInfo, keep_encoded: bool):
+    def __init__(self, root: Path, cfg: DataConfig, info: DatasetInfo, keep_encoded: bool, edges: dict | None):
         self.cfg, self.info, self.keep_encoded = cfg, info, keep_encoded
         rows = fields.row_group_rows(info)
         self.splits = [
             ShardWriter(s, streamed=True, root=str(root / s), rows_per_file=8 * rows, row_group_rows=rows)
             for s in SPLITS
         ]
-        self.profiler = field_profile.Profiler(info)
+        self.profiler = field_profile.Profiler(info, edges)
 
     def add(self, table: pa.Table, checked: Checked, keep: np.ndarray, origin: pd.DataFrame) -> np.ndarray:
         """Write the examples where `keep`; their locations (split << 38 | position)."""
         origin = origin[keep].reset_index(drop=True)
         values = {k: v[keep] for k, v in checked.values.items()}
-        parts = _split_of(origin.rename(columns={"source_file": SOURCE_FILE, "source_row": SOURCE_ROW}), self.cfg)
+        parts = split_of(origin.rename(columns={"source_file": SOURCE_FILE, "source_row": SOURCE_ROW}), self.cfg)
         where = np.zeros(len(origin), dtype="uint64")
         for i, writer in enumerate(self.splits):
             mine = parts == i
@@ -157,20 +156,25 @@ def prepare_shard(
     index: int = 0,
     shard: str = "",
     keep_encoded: bool = False,
+    edges: dict[str, list[float]] | None = None,
 ) -> ShardPart:
     """Validate one shard's examples, quarantine failures and repeats within the shard, and write
-    its part of the three splits."""
+    its part of the three splits. `edges`: the reference's bins of a table's columns
+    (field_profile.reference_edges), which the shard's profile counts on."""
     where = f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")
     root = Path(tempfile.mkdtemp(prefix=f"flyscale-shard-{index:05d}-"))
-    writers = _Writers(root, cfg, info, keep_encoded)
+    writers = _Writers(root, cfg, info, keep_encoded, edges)
+    check = _checks(cfg, info, where)
     quarantine = ShardWriter("quarantine", root=str(root / "quarantine"))
     seen, checks, hashes = SeenRows(), Counter[str](), []
     total = 0
     for batch in batches:
         table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        if table.num_rows == 0:  # nothing to check (an empty file, a chunk that held no rows)
+            continue
         origin = _origin(table, total, f"{cfg.dataset}/{shard}" if shard else cfg.dataset)
         total += table.num_rows
-        checked = example_checks.check_batch(table, info, where)
+        checked = check(table)
         digest = example_checks.content_hash(checked.values, info)
         ok = ~checked.bad
         earlier, first_at = seen.lookup(digest)
@@ -193,6 +197,14 @@ def prepare_shard(
     return ShardPart(
         index, shard, FlyteDirectory(str(root)), total, kept, quarantine.rows, dict(checks), writers.profiler.profile()
     )
+
+
+def _checks(cfg: DataConfig, info: DatasetInfo, where: str) -> Callable[[pa.Table], Checked]:
+    """How a batch is checked: a table's rows by its pandera row schema, typed examples field by field."""
+    if table_examples.is_table(info):
+        schema = validation.row_schema(cfg, table_examples.as_table(info))
+        return lambda table: table_examples.check(table, info, schema, where)
+    return lambda table: example_checks.check_batch(table, info, where)
 
 
 def _same_as_written(

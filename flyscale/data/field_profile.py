@@ -7,6 +7,10 @@ shard by shard: what drift is measured on and what the report draws.
   (`text[bytes]`, 256 bins: the byte-level tokenizer's distribution);
 - a variable-length sequence: its length (`tokens[length]`);
 - any other numeric field with a declared range: its values on 16 bins of the range;
+- a scalar number (a table's column): its values (`pixel_3`), on 16 bins of its range where it
+  declares one, else on signed half-octaves (TARGET_EDGES), or on the reference's bins when the
+  reference profiled the column (a reference recorded before tables were binned so holds the
+  deciles of its data);
 - the label: counts per class; a real-valued target (regression) instead its values
   (`target[values]`), on 16 bins of its range where it declares one, else on signed
   half-octaves (TARGET_EDGES), and drift is measured on them as on a feature's.
@@ -45,7 +49,19 @@ def edges_of(field: FieldSpec) -> dict[str, np.ndarray]:
         return {**channels, f"{field.name}[saturated]": np.array([0.0, 0.5, 1.0])}
     if field.range is not None and field.shape:
         return {f"{field.name}[values]": np.linspace(field.range[0], field.range[1], VALUE_BINS + 1)}
+    if not field.shape:
+        if field.range is None:
+            return {field.name: TARGET_EDGES}
+        return {field.name: np.linspace(field.range[0], field.range[1], VALUE_BINS + 1)}
     return {}
+
+
+def reference_edges(info: DatasetInfo, reference: Profile | None) -> dict[str, list[float]]:
+    """The bins the reference profiled each scalar field on: a new batch is counted on them."""
+    if reference is None:
+        return {}
+    scalar = [f.name for f in info.fields if not f.shape and f.dtype != "string" and f.name != info.label_column]
+    return {n: list(reference.features[n].edges) for n in scalar if n in reference.features}
 
 
 def target_edges(field: FieldSpec) -> dict[str, np.ndarray]:
@@ -59,10 +75,13 @@ class Profiler:
     """Counts of every histogram `edges_of` gives, and of the labels (or the values of a
     real-valued target), as batches are added."""
 
-    def __init__(self, info: DatasetInfo):
+    def __init__(self, info: DatasetInfo, edges: dict[str, list[float]] | None = None):
         self.info = info
         self.fields = [f for f in info.fields if f.name != info.label_column]
-        self.edges = {f.name: edges_of(f) for f in self.fields}
+        given = edges or {}
+        self.edges = {
+            f.name: {f.name: np.asarray(given[f.name])} if f.name in given else edges_of(f) for f in self.fields
+        }
         self.target = real_target(info)
         if self.target is not None:  # profiled as a feature is: its values, not counts per class
             self.fields.append(self.target)

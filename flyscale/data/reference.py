@@ -28,7 +28,7 @@ class PinnedSchema:
 
 @dataclass
 class FeatureProfile:
-    edges: list[float]  # bin edges (the reference's deciles; the outer bins are open-ended)
+    edges: list[float]  # bin edges (fixed per field, or deciles in older references; the outer bins are open-ended)
     counts: list[int]
 
 
@@ -84,7 +84,7 @@ def pin(info: DatasetInfo, reference: Reference, where: str) -> DatasetInfo:
             for c in now
             if c in then
             and c in pinned.dtypes
-            and c in info.feature_dtypes
+            and info.feature_dtypes.get(c, "null") != "null"  # no values (an empty file) have no type to differ
             and pinned.dtypes[c] != info.feature_dtypes[c]
         ]
         problems = (

@@ -1,9 +1,8 @@
-"""The pandera schemas at task boundaries (`pandera.typing.DataFrame[...]`).
+"""A table's row schema when its dataset declares none of its own.
 
-Every dataset plugin produces a `label` column plus numeric feature columns; the dataset's own
-row schema decides which rows are quarantined (`default_row_schema` for a dataset that declares
-none). The boundary schemas state what every stage after validation may rely on, whichever
-dataset is in use.
+A table dataset produces a `label` column plus numeric feature columns; its own pandera row
+schema (`row_schema(options)`) decides which rows are quarantined, or `default_row_schema` for a
+dataset that declares none.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-from pandera.typing import Series
 
 from flyscale.plugin.records import DatasetInfo
 
@@ -39,34 +37,3 @@ def default_row_schema(info: DatasetInfo) -> pa.DataFrameSchema:
         None, pa.Check(whole_class, name=f"class in [0, {info.num_classes})"), nullable=False
     )
     return pa.DataFrameSchema(columns, strict=True, name=info.name)
-
-
-class LabeledFrame(pa.DataFrameModel):
-    """Clean rows: an int label >= 0, every other column a finite number."""
-
-    label: Series[int] = pa.Field(ge=0)
-
-    @pa.dataframe_check(error="every feature column must be numeric and finite")
-    def features_finite(cls, df):
-        import numpy as np
-
-        feats = df.drop(columns=["label"])
-        if not all(np.issubdtype(t, np.number) for t in feats.dtypes):
-            return False
-        return bool(np.isfinite(feats.to_numpy(dtype="float64")).all())
-
-    class Config:
-        strict = False
-        coerce = True
-
-
-class QuarantineFrame(pa.DataFrameModel):
-    """Rejected rows as they came in, with where they came from and why (never silently dropped)."""
-
-    row: Series[int] = pa.Field(ge=0)  # index of the row in the loaded dataset
-    source_file: Series[str]  # the file (or the dataset's name) the row came from
-    source_row: Series[int] = pa.Field(ge=0)  # its row number in that file
-    reason: Series[str]
-
-    class Config:
-        strict = False

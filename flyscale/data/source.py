@@ -12,6 +12,7 @@ import pandas as pd
 import pyarrow as pa
 
 from flyscale.config import DataConfig
+from flyscale.data import table_examples
 from flyscale.errors import DataError, data_errors
 from flyscale.plugin.data_kind import DataKind, declared_kind
 from flyscale.plugin.records import DatasetInfo, as_dataset_info
@@ -91,10 +92,17 @@ def shards(cfg: DataConfig) -> list[str]:
     return names
 
 
-def examples(cfg: DataConfig, shard: str) -> Iterator[pa.RecordBatch]:
-    """One shard's typed examples, as the dataset's plugin hands them over."""
+def examples(cfg: DataConfig, shard: str) -> Iterator[pa.RecordBatch | pa.Table]:
+    """One shard's typed examples, as the dataset's plugin hands them over; a table's rows (one
+    shard) as typed examples of a field per column (flyscale/data/table_examples.py)."""
     r = cfg.plugin
-    with data_errors(f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")):
+    where = f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")
+    declared = declared_kind(r)
+    if declared.is_table:
+        frames = chunks(cfg) if declared is DataKind.TABLE_STREAM else iter([load(cfg)[0]])
+        yield from table_examples.batches(frames, info(cfg), where)
+        return
+    with data_errors(where):
         yield from r.plugin.examples(r.options, shard)
 
 

@@ -10,27 +10,23 @@ import io
 import numpy as np
 import pandas as pd
 
-from flyscale.data.drift import histogram, psi
+from flyscale.data.drift import psi
 from flyscale.data.reference import Profile, Reference
 from flyscale.data.validation import EXAMPLES, ValidationReport, check_names
-from flyscale.plugin.records import DatasetInfo
 
 PLOTTED = 12  # feature distributions drawn: the most drifted first
 
 
-def distributions_png(clean: pd.DataFrame, info: DatasetInfo, profile: Profile, reference: Reference) -> bytes:
-    """Per feature, the new data's share in each bin (bars) against the reference's (line), on the
-    reference's bins when there is one; then the labels. The most drifted features come first."""
+def distributions_png(profile: Profile, reference: Reference) -> bytes:
+    """Per histogram of the profile (a table's column, an image's channel, ...), the new data's
+    share in each bin (bars) against the reference's (line), counted as the data was prepared;
+    then the labels. The most drifted come first."""
     from matplotlib.figure import Figure
 
     ref = reference.profile
     bins = ref.features if ref is not None else profile.features
-    if info.fields:  # typed examples: each field's few histograms, counted as they were prepared
-        names = [n for n in profile.features if n in bins and bins[n].edges == profile.features[n].edges]
-        new_counts = {n: profile.features[n].counts for n in names}
-    else:
-        names = [n for n in info.feature_columns if n in bins]
-        new_counts = {n: histogram(clean[n].to_numpy(dtype="float64"), np.asarray(bins[n].edges)) for n in names}
+    names = [n for n in profile.features if n in bins and bins[n].edges == profile.features[n].edges]
+    new_counts = {n: profile.features[n].counts for n in names}
     if ref is not None:
         names.sort(key=lambda n: -psi(ref.features[n].counts, new_counts[n]))
     names = names[:PLOTTED]
@@ -111,20 +107,13 @@ def validation_html(report: ValidationReport, quarantined: pd.DataFrame, png: by
     return "".join(parts)
 
 
-def write(
-    report: ValidationReport,
-    quarantined: pd.DataFrame,
-    clean: pd.DataFrame,
-    info: DatasetInfo,
-    data_profile: Profile,
-    reference: Reference,
-) -> str:
+def write(report: ValidationReport, quarantined: pd.DataFrame, data_profile: Profile, reference: Reference) -> str:
     """The report as files in a fresh directory (validation.html, distributions.png); returns it."""
     import tempfile
     from pathlib import Path
 
     out = Path(tempfile.mkdtemp(prefix="flyscale-validation-"))
-    png = distributions_png(clean, info, data_profile, reference)
+    png = distributions_png(data_profile, reference)
     (out / "distributions.png").write_bytes(png)
     (out / "validation.html").write_text(validation_html(report, quarantined, png))
     return str(out)
