@@ -85,7 +85,7 @@ def test_bad_examples_are_quarantined_with_their_origin_and_reason(prepared):
         "width options declare)"
     )
     assert found[("a.parquet", 9)] == "label: in_range(0, 3) (got 7)"
-    assert found[("a.parquet", 30)] == DUPLICATE  # within its shard, in a later batch
+    assert found[("a.parquet", 30)] == f"{DUPLICATE} (a.parquet row 0)"  # within its shard, in a later batch
     assert found[("b.parquet", 10)] == f"{DUPLICATE} (a.parquet row 3)"  # across shards: names the kept twin
     report = prepared.report
     assert (report.total_rows, report.valid_rows, report.quarantined_rows) == (80, 75, 5)
@@ -240,7 +240,7 @@ def test_documents_that_are_not_utf8_or_are_empty_are_quarantined():
         ("d.txt", 2): "text: utf8 (got byte 4 is not UTF-8)",
         ("d.txt", 3): "text: not_empty (got 4 blank characters)",
         ("d.txt", 4): "text: missing (got null)",
-        ("d.txt", 5): DUPLICATE,
+        ("d.txt", 5): f"{DUPLICATE} (d.txt row 0)",  # within the batch: names the example it repeats
     }
     kept = shards.read_table(out.train.dir.path, ["text"]).column("text").to_pylist()
     kept += shards.read_table(out.val.dir.path, ["text"]).column("text").to_pylist()

@@ -221,12 +221,14 @@ def test_a_streamed_duplicate_is_quarantined_within_a_chunk_across_chunks_and_ac
         frame.to_parquet(tmp_path / f"part-{i}.parquet", index=False)
     out = _streamed(DataConfig(dataset="parquet_stream", options={"path": str(tmp_path), "label": "target"}), 100)
     quarantined = shards.read(out.quarantined.dir.path)
-    assert sorted(zip(quarantined["source_file"], quarantined["source_row"])) == [
-        (str(tmp_path / "part-1.parquet"), 20),
-        (str(tmp_path / "part-1.parquet"), 150),
-        (str(tmp_path / "part-2.parquet"), 5),
-    ]
-    assert set(quarantined["reason"]) == {DUPLICATE}
+    part = lambda i: str(tmp_path / f"part-{i}.parquet")  # noqa: E731
+    # Each reason names the row it repeats.
+    assert dict(zip(zip(quarantined["source_file"], quarantined["source_row"]), quarantined["reason"])) == {
+        (part(1), 20): f"{DUPLICATE} ({part(1)} row 10)",
+        (part(1), 150): f"{DUPLICATE} ({part(1)} row 40)",
+        (part(2), 5): f"{DUPLICATE} ({part(0)} row 3)",
+    }
+    assert out.report.checks == {DUPLICATE: 3}
     assert (out.report.valid_rows, out.report.quarantined_rows) == (597, 3)
 
 

@@ -34,7 +34,7 @@ def test_bad_documents_are_quarantined_with_their_file_and_line(tmp_path):
     rows = shards.read_table(prepared.quarantined.dir.path, ["source_key", "reason"]).to_pylist()
     assert sorted((r["source_key"], r["reason"]) for r in rows) == [
         ("line 2", "text: utf8 (got byte 3 is not UTF-8)"),
-        ("line 4", "duplicate: the same values as an earlier row"),
+        ("line 4", f"duplicate: the same values as an earlier row ({tmp_path / 'notes.txt'} row 0)"),  # line 1's
     ]
     assert prepared.report.valid_rows == 2  # the blank line is a separator, not a document
 

@@ -160,7 +160,7 @@ def test_duplicates_keep_the_first_and_say_which_row_they_repeat():
     prepared = prepare_table(frame, _cfg(max_quarantine_fraction=0.5), _info(inferred=()))
     quarantined = _quarantined(prepared)
     assert quarantined["source_row"].tolist() == [7, 9] and prepared.report.valid_rows == 18
-    assert all(r == DUPLICATE for r in quarantined["reason"])
+    assert quarantined["reason"].tolist() == [f"{DUPLICATE} (t_frames row 2)"] * 2
     assert prepared.report.checks == {DUPLICATE: 2}
 
 

@@ -32,6 +32,7 @@ from flyscale.data.example_prep import (
     SPLITS,
     ShardPart,
     _read_back,
+    origins_at,
     quarantine_schema,
 )
 from flyscale.data.prepared import DUPLICATE, Prepared, SeenRows
@@ -149,27 +150,16 @@ def _read_earlier(ordered: list[_Part], locations: np.ndarray, info: DatasetInfo
     return out
 
 
-def _origins(p: _Part, locations: np.ndarray) -> pd.DataFrame:
-    """The origin columns of the kept examples at `locations` (split << 38 | position), in order."""
-    split = (locations >> _SPLIT_BITS).astype("int64")
-    position = (locations & _POSITION).astype("int64")
-    frames = []
-    for s in np.unique(split):
-        at = np.flatnonzero(split == s)
-        frames.append(shards.take_table(p.units[s], position[at], list(ORIGIN)).to_pandas().set_axis(at))
-    return pd.concat(frames).sort_index()
-
-
 def _duplicate_rows(
     p: _Part, locations: np.ndarray, first: np.ndarray, ordered: list[_Part], info: DatasetInfo
 ) -> pa.Table:
     """Quarantine rows for repeats across shards: origin and a reason naming the kept twin (whose
     values are the repeat's: the fields stay null)."""
-    mine = _origins(p, locations)
+    mine = origins_at(p.units, locations)
     part = (first >> _PART_BITS).astype("int64")
     local = first & ((np.uint64(1) << _PART_BITS) - np.uint64(1))
     twins = pd.concat(
-        [_origins(ordered[k], local[part == k]).set_axis(np.flatnonzero(part == k)) for k in np.unique(part)]
+        [origins_at(ordered[k].units, local[part == k]).set_axis(np.flatnonzero(part == k)) for k in np.unique(part)]
     )
     twins = twins.sort_index()
     reasons = [f"{DUPLICATE} ({f} row {r})" for f, r in zip(twins["source_file"], twins["source_row"], strict=True)]

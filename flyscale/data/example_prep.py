@@ -178,9 +178,12 @@ def prepare_shard(
         digest = example_checks.content_hash(checked.values, info)
         ok = ~checked.bad
         earlier, first_at = seen.lookup(digest)
-        repeat = ok & earlier & _same_as_written(writers, checked.values, first_at, earlier & ok, info)
-        repeat |= ok & ~earlier & _repeats_within(digest, checked.values, ok & ~earlier, info)
-        checked.fail(repeat, lambda i: DUPLICATE)
+        written = ok & earlier & _same_as_written(writers, checked.values, first_at, earlier & ok, info)
+        within = _twins_within(digest, checked.values, ok & ~earlier, info)
+        repeats = {
+            i: f"{DUPLICATE} ({twin})" for i, twin in _twin_names(writers, origin, within, written, first_at).items()
+        }
+        checked.fail(written | (within >= 0), repeats.__getitem__)
         bad, reasons = checked.bad, checked.reason_texts()
         checks.update(name for r, b in zip(reasons, bad, strict=True) if b for name in validation.check_names(r))
         if bad.any():
@@ -239,11 +242,12 @@ def _read_back(units: list[list[shards.Unit]], locations: np.ndarray, info: Data
     return out
 
 
-def _repeats_within(
+def _twins_within(
     digest: np.ndarray, values: dict[str, np.ndarray], candidates: np.ndarray, info: DatasetInfo
 ) -> np.ndarray:
-    """Candidates with the same values as an earlier candidate of the batch (hash, then compare)."""
-    out = np.zeros(len(digest), dtype=bool)
+    """For each candidate with the same values as an earlier candidate of the batch (hash, then
+    compare), that earlier one's position in the batch; -1 for every other example."""
+    out = np.full(len(digest), -1, dtype="int64")
     idx = np.flatnonzero(candidates)
     if len(idx) < 2:
         return out
@@ -252,7 +256,37 @@ def _repeats_within(
         return out
     first = pd.Series(idx).groupby(digest[idx]).transform("first").to_numpy()
     rows, firsts = idx[again], first[again]
-    out[rows] = example_checks.same_content(
+    same = example_checks.same_content(
         {k: v[rows] for k, v in values.items()}, {k: v[firsts] for k, v in values.items()}, info
     )
+    out[rows[same]] = firsts[same]
     return out
+
+
+def origins_at(units: list[list[shards.Unit]], locations: np.ndarray) -> pd.DataFrame:
+    """The origin columns of the kept examples at `locations` (split << 38 | position), in order."""
+    split = (locations >> _SPLIT_BITS).astype("int64") & 3
+    position = (locations & ((np.uint64(1) << _SPLIT_BITS) - np.uint64(1))).astype("int64")
+    frames = []
+    for s in np.unique(split):
+        at = np.flatnonzero(split == s)
+        frames.append(shards.take_table(units[s], position[at], list(ORIGIN)).to_pandas().set_axis(at))
+    return pd.concat(frames).sort_index()
+
+
+def _twin_names(
+    writers: _Writers, origin: pd.DataFrame, within: np.ndarray, written: np.ndarray, first_at: np.ndarray
+) -> dict[int, str]:
+    """{position in the batch: the file and row of the example it repeats}, for the repeats of an
+    earlier example of the batch (`within`) and of one already written (`written`, at `first_at`)."""
+    names = {int(i): _named(origin.iloc[int(within[i])]) for i in np.flatnonzero(within >= 0)}
+    if written.any():
+        units = [shards.units(str(w.root)) if w.rows else [] for w in writers.splits]
+        theirs = origins_at(units, first_at[written])
+        names.update(zip(np.flatnonzero(written).tolist(), (_named(r) for _, r in theirs.iterrows()), strict=True))
+    return names
+
+
+def _named(origin: pd.Series) -> str:
+    """How a duplicate's reason names the example it repeats: its file and row there."""
+    return f"{origin['source_file']} row {origin['source_row']}"

@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 
 from flyscale.config import DataConfig
+from flyscale.data import validation
 from flyscale.data.reference import Profile
 from flyscale.data.shards import Shards
 from flyscale.data.validation import ValidationReport
 from flyscale.plugin.records import SOURCE_FILE, SOURCE_ROW, DatasetInfo
 
-DUPLICATE = "duplicate: the same values as an earlier row"
+DUPLICATE = validation.DUPLICATE
 
 
 @dataclass

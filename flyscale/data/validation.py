@@ -120,9 +120,13 @@ def row_failures(data: pd.DataFrame, schema: pa.DataFrameSchema, where: str) -> 
     return None, cases.groupby("row")["reason"].apply(lambda r: "; ".join(sorted(set(r))))
 
 
+DUPLICATE = "duplicate: the same values as an earlier row"  # then, in brackets, which: its file and row
+
+
 def check_names(reason: str) -> list[str]:
-    """'pixel_3: in_range(0, 16) (got 99.0); label: ...' -> ['pixel_3: in_range(0, 16)', 'label: ...']."""
-    return [part.rsplit(" (got ", 1)[0] for part in reason.split("; ")]
+    """'pixel_3: in_range(0, 16) (got 99.0); label: ...' -> ['pixel_3: in_range(0, 16)', 'label: ...'];
+    a duplicate, whichever example it repeats, is one check."""
+    return [DUPLICATE if part.startswith(DUPLICATE) else part.rsplit(" (got ", 1)[0] for part in reason.split("; ")]
 
 
 def _commonest(report: ValidationReport, n: int = 3) -> str:
