@@ -1,5 +1,5 @@
-"""Data stages for typed examples (images, text, and a table streamed as examples of a field per
-column): plan the shards, prepare each shard (a Flyte map task: a pod per shard on a cluster),
+"""Data stages for typed examples (images, text, and a table as examples of a field per column):
+plan the shards, prepare each shard (a Flyte map task: a pod per shard on a cluster),
 then combine them into the splits, the quarantine and the report. No DataFrame of a column per
 element is ever made."""
 

@@ -124,6 +124,8 @@ def test_streamed_s3_shards_are_prepared_as_examples_and_lose_no_row(tmp_path, m
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "1797 rows: 1795 valid, 2 quarantined" in proc.stdout
     assert "combine_shards" in proc.stdout and "load_data" not in proc.stdout  # the examples' branch ran
+    # ...and training streamed its splits (parquet_stream sets data.streaming), never reading them whole.
+    assert "training streams its" in proc.stdout + proc.stderr and "into memory" not in proc.stdout + proc.stderr
     run_id = re.search(r"mlflow\s+run (\w+)", proc.stdout).group(1)
     client = MlflowClient(uri)
     run = client.get_run(run_id)

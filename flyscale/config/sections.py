@@ -59,8 +59,10 @@ class DataConfig(PluginSection):
         kind = declared_kind(self.plugin)
         if kind is DataKind.TABLE_STREAM:
             self.streaming = True  # what such a dataset is for: training never reads its splits whole
-        for name in ("streaming", "keep_encoded"):
-            if getattr(self, name) and kind.is_table and not (name == "streaming" and kind is DataKind.TABLE_STREAM):
+        # A streamed table streams; nothing else of a table does.
+        refused = {"streaming": kind is DataKind.TABLE, "keep_encoded": kind.is_table}
+        for name, is_refused in refused.items():
+            if getattr(self, name) and is_refused:
                 raise ValueError(
                     f"data.{name} is for datasets of typed examples (images, text); {self.dataset!r} is a table"
                     + (": stream a table with parquet_stream or csv_stream" if name == "streaming" else "")

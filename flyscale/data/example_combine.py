@@ -32,6 +32,7 @@ from flyscale.data.example_prep import (
     SPLITS,
     ShardPart,
     _read_back,
+    duplicate_reason,
     origins_at,
     quarantine_schema,
 )
@@ -162,7 +163,7 @@ def _duplicate_rows(
         [origins_at(ordered[k].units, local[part == k]).set_axis(np.flatnonzero(part == k)) for k in np.unique(part)]
     )
     twins = twins.sort_index()
-    reasons = [f"{DUPLICATE} ({f} row {r})" for f, r in zip(twins["source_file"], twins["source_row"], strict=True)]
+    reasons = [duplicate_reason(twin) for twin in twins.to_dict("records")]
     schema = quarantine_schema(info)
     columns = {name: pa.array(mine[name].to_numpy(), schema.field(name).type) for name in ORIGIN}
     columns["reason"] = pa.array(reasons, pa.string())

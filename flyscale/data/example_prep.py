@@ -180,9 +180,7 @@ def prepare_shard(
         earlier, first_at = seen.lookup(digest)
         written = ok & earlier & _same_as_written(writers, checked.values, first_at, earlier & ok, info)
         within = _twins_within(digest, checked.values, ok & ~earlier, info)
-        repeats = {
-            i: f"{DUPLICATE} ({twin})" for i, twin in _twin_names(writers, origin, within, written, first_at).items()
-        }
+        repeats = _duplicate_reasons(writers, origin, within, written, first_at)
         checked.fail(written | (within >= 0), repeats.__getitem__)
         bad, reasons = checked.bad, checked.reason_texts()
         checks.update(name for r, b in zip(reasons, bad, strict=True) if b for name in validation.check_names(r))
@@ -274,19 +272,21 @@ def origins_at(units: list[list[shards.Unit]], locations: np.ndarray) -> pd.Data
     return pd.concat(frames).sort_index()
 
 
-def _twin_names(
+def _duplicate_reasons(
     writers: _Writers, origin: pd.DataFrame, within: np.ndarray, written: np.ndarray, first_at: np.ndarray
 ) -> dict[int, str]:
-    """{position in the batch: the file and row of the example it repeats}, for the repeats of an
-    earlier example of the batch (`within`) and of one already written (`written`, at `first_at`)."""
-    names = {int(i): _named(origin.iloc[int(within[i])]) for i in np.flatnonzero(within >= 0)}
+    """{position in the batch: its reason}, for the repeats of an earlier example of the batch
+    (`within`) and of one already written (`written`, at `first_at`)."""
+    reasons = {int(i): duplicate_reason(origin.iloc[int(within[i])].to_dict()) for i in np.flatnonzero(within >= 0)}
     if written.any():
         units = [shards.units(str(w.root)) if w.rows else [] for w in writers.splits]
         theirs = origins_at(units, first_at[written])
-        names.update(zip(np.flatnonzero(written).tolist(), (_named(r) for _, r in theirs.iterrows()), strict=True))
-    return names
+        reasons.update(
+            zip(np.flatnonzero(written).tolist(), map(duplicate_reason, theirs.to_dict("records")), strict=True)
+        )
+    return reasons
 
 
-def _named(origin: pd.Series) -> str:
-    """How a duplicate's reason names the example it repeats: its file and row there."""
-    return f"{origin['source_file']} row {origin['source_row']}"
+def duplicate_reason(twin: dict) -> str:
+    """A duplicate's reason, naming the example it repeats (`twin`: its origin) by file and row."""
+    return f"{DUPLICATE} ({twin['source_file']} row {twin['source_row']})"

@@ -31,9 +31,9 @@ def prepare(
 def prepare_table(
     frame: pd.DataFrame, cfg: DataConfig, info: DatasetInfo, reference: Reference | None = None
 ) -> Prepared:
-    """A table in memory, prepared as the pipeline prepares it."""
-    pinned = pin(info, reference or Reference(), f"dataset {cfg.dataset!r}")
-    return prepare(table_examples.batches([frame], pinned, f"dataset {cfg.dataset!r}"), cfg, info, reference)
+    """A table in memory, prepared as the pipeline prepares it (its columns held to the reference
+    by `prepare` before the batch is read)."""
+    return prepare(table_examples.batches([frame], info, f"dataset {cfg.dataset!r}"), cfg, info, reference)
 
 
 def prepared_frames(prepared: Prepared) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

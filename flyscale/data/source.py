@@ -98,9 +98,12 @@ def examples(cfg: DataConfig, shard: str) -> Iterator[pa.RecordBatch | pa.Table]
     r = cfg.plugin
     where = f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")
     declared = declared_kind(r)
-    if declared.is_table:
-        frames = chunks(cfg) if declared is DataKind.TABLE_STREAM else iter([load(cfg)[0]])
-        yield from table_examples.batches(frames, info(cfg), where)
+    if declared is DataKind.TABLE_STREAM:
+        yield from table_examples.batches(chunks(cfg), info(cfg), where)
+        return
+    if declared is DataKind.TABLE:
+        frame, table_info = load(cfg)
+        yield from table_examples.batches([frame], table_info, where)
         return
     with data_errors(where):
         yield from r.plugin.examples(r.options, shard)
