@@ -139,7 +139,9 @@ def test_streamed_s3_shards_are_prepared_as_examples_and_lose_no_row(tmp_path, m
     ]
     assert quarantine["source_row"].tolist() == [7, 300]
     assert quarantine["reason"].tolist()[0] == "pixel_12: in_range(0.0, 16.0) (got 99.0)"
-    assert quarantine["reason"].iloc[1].startswith("duplicate")
+    # The duplicate names the row it repeats: row 20 of the first shard.
+    twin = "s3://features/digits/stream/part-0.parquet row 20"
+    assert quarantine["reason"].iloc[1] == f"duplicate: the same values as an earlier row ({twin})"
 
 
 @pytest.mark.timeout(600)
