@@ -18,6 +18,7 @@ from flyscale.evaluate.comparison import Comparison
 from flyscale.evaluate.gating import ChampionRef, Judgment
 from flyscale.evaluate.latency import LatencyReport
 from flyscale.evaluate.metrics import EvalMetrics
+from flyscale.flyte import heap
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import CacheReport, TaskRun
 from flyscale.plugin.records import DatasetInfo, FieldSpec, GateVerdict
@@ -60,6 +61,8 @@ DECKS = (DeckField.SOURCE_CODE, DeckField.TIMELINE, DeckField.INPUT, DeckField.O
 # set explicitly because importing mlflow.pytorch runs logging.basicConfig(level=ERROR), which
 # would otherwise silence every warning a run gives after registration has started.
 configure_logging(DistContext())
+# ...and end without a last walk of their heap by the cycle collector (seconds of a local run).
+heap.end_without_collecting()
 
 # Every flyscale dataclass that crosses a task boundary, each described to Flyte once (its JSON
 # schema is built once per process, and kept on disk: flyscale/flyte/dataclass_types.py).

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from flyscale.cli.checkpoint_commands import cmd_checkpoints, cmd_convert, cmd_tiny_checkpoint
 from flyscale.cli.plugin_list import _summary, cmd_plugins, collect, render_plain, render_rich
 from flyscale.cli.registry_commands import cmd_huggingface, cmd_loadtest, cmd_move, cmd_repository
+from flyscale.flyte import heap
 from flyscale.plugin import registry
 
 __all__ = ["_summary", "build_parser", "collect", "main", "render_plain", "render_rich"]
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `flyscale` console script."""
     args = build_parser().parse_args(argv)
+    heap.end_without_collecting()  # it imports what a run does (flyscale/flyte/heap.py)
     try:
         return args.func(args)
     except Exception as exc:  # MLflow's errors: one line, as the tracking store's, never its password

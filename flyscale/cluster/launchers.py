@@ -47,6 +47,7 @@ from flyscale.cluster.worker_failures import (
     worker_errors_said_plainly,
 )
 from flyscale.config import TrainConfig
+from flyscale.flyte import heap
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +160,12 @@ def _preload_for_forked_workers() -> None:
     torch's optimizers import its compiler (torch._dynamo, about a second) at their first step,
     to ask whether they are being compiled; nothing before training needs it. Likewise
     torch.distributed.checkpoint, which every checkpoint and resume needs and the driver does
-    not. Imported once here, each forked worker inherits them instead of importing them on its own."""
+    not. Imported once here, each forked worker inherits them instead of importing them on its own;
+    and the driver's heap is frozen (flyscale/flyte/heap.py), so that no worker's collector walks it."""
     import torch._dynamo
     import torch.distributed.checkpoint  # noqa: F401
+
+    heap.before_fork()
 
 
 def worker_start_method(nproc_per_node: int) -> str:

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from flyscale.flyte import heap
+
 
 @dataclass
 class TaskRun:
@@ -56,6 +58,7 @@ def stamped(body: F) -> F:
 
     @functools.wraps(body)
     def run(*args: Any, **kwargs: Any) -> Any:
+        heap.settle()
         started = TaskRun.start(body.__name__)
         out = body(*args, **kwargs)
         return out if out is None else out._replace(run=started.done())
