@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import subprocess
@@ -32,16 +33,20 @@ BIN = Path(sys.executable).parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end files (whole pipelines, minutes each) first, the small files after them:
-    `make test` hands whole files to its workers in this order, so the small ones fill the gaps
-    at the end instead of one worker idling while the other runs a long file last.
+    """The end-to-end files (whole pipelines, minutes each) first, then the other files by how
+    many slow tests they hold, most first: `make test` hands whole files to its workers in this
+    order, so the small ones fill the gaps at the end instead of one worker idling while the
+    other runs a long file last (alphabetically, test_third_party_plugin.py's minutes came last).
 
     Every test of an end-to-end file is `slow`, as are the tests marked so by hand (those that
     start processes, servers or whole trainings: seconds each): `make test-fast` runs the rest."""
-    items.sort(key=lambda item: not item.path.name.endswith("_e2e.py"))  # stable: each file's own order kept
+    slow: collections.Counter[Path] = collections.Counter()
     for item in items:
         if item.path.name.endswith("_e2e.py"):
             item.add_marker(pytest.mark.slow)
+        slow[item.path] += item.get_closest_marker("slow") is not None
+    # stable: each file's own order kept
+    items.sort(key=lambda item: (not item.path.name.endswith("_e2e.py"), -slow[item.path], str(item.path)))
 
 
 @contextlib.contextmanager
