@@ -54,7 +54,8 @@ def stamped(body: F) -> F:
     """A task's body whose outputs (a NamedTuple) end in `run`: the stamp of when the body ran is
     put there, so that no stage starts and finishes one by hand. Put it under `@task`; the task
     keeps the body's name, signature and module. None (a training worker's outputs, which are not
-    the task's) passes through."""
+    the task's) passes through. The first stage a process runs also freezes its heap
+    (flyscale/flyte/heap.py: the imports are done by then)."""
 
     @functools.wraps(body)
     def run(*args: Any, **kwargs: Any) -> Any:
