@@ -14,8 +14,6 @@ PYTEST_ARGS ?=
 # are built once). Serially the suite keeps ~1.2 of 2 cores busy (much of it is one process
 # importing, or waiting on a server); 2 workers took it from 18 to 13 minutes. Each worker
 # starts its own MLflow and S3 servers. PYTEST_WORKERS=0 runs in this process, one test at a time.
-# --no-loadscope-reorder: files go out in the order tests/conftest.py sorts them (the longest first),
-# not by how many tests each holds (xdist's default put test_cache_e2e.py's one two-minute test last).
 PYTEST_WORKERS ?= 2
 
 .PHONY: install run test test-fast bench lock lock-cuda lint format clean
@@ -33,7 +31,7 @@ run: $(STAMP)
 	$(BIN)/pyflyte run workflows/train.py training_pipeline $(ARGS)
 
 test: $(STAMP) $(CHROMIUM_STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit tier: every test not marked slow (tests/conftest.py), a few minutes at most; `make test` is
 # the whole suite, which CI runs.
