@@ -27,6 +27,7 @@ from flyscale.config import DataConfig
 from flyscale.data import example_checks, field_profile, fields, shards, table_examples, validation
 from flyscale.data.example_prep import (
     _PART_BITS,
+    _POSITION,
     _SPLIT_BITS,
     ORIGIN,
     SPLITS,
@@ -45,8 +46,6 @@ from flyscale.flyte import content
 from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
-
-_POSITION = (np.uint64(1) << _SPLIT_BITS) - np.uint64(1)
 
 
 class _Part:

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 ORIGIN = ("source_file", "source_row", "source_key")  # how the splits and the quarantine name an example's origin
 _PART_BITS, _SPLIT_BITS = np.uint64(40), np.uint64(38)  # a location: part << 40 | split << 38 | position
+_POSITION = (np.uint64(1) << _SPLIT_BITS) - np.uint64(1)
 
 
 @dataclass
@@ -227,7 +228,7 @@ def _same_as_written(
 def _read_back(units: list[list[shards.Unit]], locations: np.ndarray, info: DatasetInfo) -> dict[str, np.ndarray]:
     """The values of the kept examples at `locations` (split << 38 | position), in that order."""
     split = (locations >> _SPLIT_BITS).astype("int64") & 3
-    position = (locations & ((np.uint64(1) << _SPLIT_BITS) - np.uint64(1))).astype("int64")
+    position = (locations & _POSITION).astype("int64")
     out: dict[str, np.ndarray] = {}
     for s in np.unique(split):
         at = np.flatnonzero(split == s)
@@ -264,7 +265,7 @@ def _twins_within(
 def origins_at(units: list[list[shards.Unit]], locations: np.ndarray) -> pd.DataFrame:
     """The origin columns of the kept examples at `locations` (split << 38 | position), in order."""
     split = (locations >> _SPLIT_BITS).astype("int64") & 3
-    position = (locations & ((np.uint64(1) << _SPLIT_BITS) - np.uint64(1))).astype("int64")
+    position = (locations & _POSITION).astype("int64")
     frames = []
     for s in np.unique(split):
         at = np.flatnonzero(split == s)

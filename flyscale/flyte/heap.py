@@ -28,15 +28,11 @@ def end_without_collecting() -> None:
     atexit.register(gc.freeze)
 
 
+@functools.cache
 def settle() -> None:
     """When a stage starts: freeze what is alive (the imports are done by then), once per process."""
-    _freeze_once()
-    end_without_collecting()
-
-
-@functools.cache
-def _freeze_once() -> None:
     gc.freeze()
+    end_without_collecting()
 
 
 def before_fork() -> None:
