@@ -14,6 +14,9 @@ PYTEST_ARGS ?=
 # are built once). Serially the suite keeps ~1.2 of 2 cores busy (much of it is one process
 # importing, or waiting on a server); 2 workers took it from 18 to 13 minutes. Each worker
 # starts its own MLflow and S3 servers. PYTEST_WORKERS=0 runs in this process, one test at a time.
+# --no-loadscope-reorder keeps tests/conftest.py's order of files (the long ones first): without
+# it xdist hands them out by how many tests each holds, and a two-minute file of one test ends
+# the run on one worker.
 PYTEST_WORKERS ?= 2
 
 .PHONY: install run test test-fast bench lock lock-cuda lint format clean
@@ -31,7 +34,7 @@ run: $(STAMP)
 	$(BIN)/pyflyte run workflows/train.py training_pipeline $(ARGS)
 
 test: $(STAMP) $(CHROMIUM_STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The unit tier: every test not marked slow (tests/conftest.py), a few minutes at most; `make test` is
 # the whole suite, which CI runs.

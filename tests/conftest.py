@@ -35,11 +35,8 @@ BIN = Path(sys.executable).parent
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The end-to-end files (whole pipelines, minutes each) first, then the other files by how
     many slow tests they hold, most first, so that the small ones fill the gaps at the end. This
-    is the order of a plain `pytest` run, and of `pytest -n 2 --dist loadfile
-    --no-loadscope-reorder`; `make test` does not pass that flag yet, so xdist hands its files
-    out by how many tests each holds (its default; see issue 43's note of stop 55: under this
-    order test_cache_e2e.py's split, a hash of its files' paths under a different tmp folder,
-    came out below its accuracy bound once).
+    is the order of a plain `pytest` run and of `make test` (`--dist loadfile
+    --no-loadscope-reorder`: without the flag xdist hands files out by how many tests each holds).
 
     Every test of an end-to-end file is `slow`, as are the tests marked so by hand (those that
     start processes, servers or whole trainings: seconds each): `make test-fast` runs the rest."""

@@ -23,7 +23,7 @@ from flyscale.flyte import memo
 from flyscale.flyte.caching import library_versions, source_hash
 
 # What a dataclass's literal type is built by, besides flyscale's own code.
-BUILDERS = ("flytekit", "flyteidl", "mashumaro", "flytekitplugins-pandera", "pandera", "pandas", "pyarrow")
+BUILDERS = ("flytekit", "flyteidl", "mashumaro", "pandera", "pandas", "pyarrow")
 
 
 @functools.cache
