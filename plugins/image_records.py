@@ -52,6 +52,7 @@ def dataset_info(name: str, options: ImageOptions, num_classes: int, inferred: b
         inferred=["num_classes"] if inferred else [],
         fields=[FieldSpec("image", "uint8", shape, "png", [0, 255]), FieldSpec("label", "int64", [])],
         input_field="image",
+        root=root_uri(options.path),
     )
 
 

@@ -116,6 +116,12 @@ def readable(exc: Exception, uri: str, doing: str) -> Exception:
     return ValueError(f"{doing} {uri} failed: {text}")
 
 
+def listed_root(uri: str) -> str:
+    """`uri` in the form `listing` names its files under: an S3 URI as given, a local path with
+    `~` expanded (a relative path stays relative, as its files' names do)."""
+    return uri if is_s3(uri) else str(Path(uri).expanduser())
+
+
 def listing(uri: str, fmt: str, content_hash: bool = False, versions: bool = True) -> list[Source]:
     """Every `fmt` file at `uri` (a file, a directory, or an s3:// prefix), in sorted order, each
     with a version that changes whenever its bytes can have changed:
@@ -129,7 +135,7 @@ def listing(uri: str, fmt: str, content_hash: bool = False, versions: bool = Tru
 
     `versions=False` lists the files only (their versions empty), for reading them.
     """
-    fs, root = filesystem(uri), (uri[len("s3://") :] if is_s3(uri) else str(Path(uri).expanduser()))
+    fs, root = filesystem(uri), listed_root(uri).removeprefix("s3://")
     try:
         info = fs.get_file_info(root)
         if info.type == pafs.FileType.File:

@@ -236,6 +236,7 @@ class Tabular:
             feature_ranges={c: [float(b) for b in options.ranges[c]] for c in features if c in options.ranges},
             feature_dtypes=types,
             inferred=inferred,
+            root=sources.listed_root(options.path),
         )
 
     def load(self, options: TabularOptions) -> pd.DataFrame:

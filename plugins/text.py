@@ -45,8 +45,9 @@ RANGE = re.compile(r"^(?P<uri>.+)#bytes=(?P<start>\d+)-(?P<end>\d+)$")  # a shar
 LABEL = "label"  # the column a labelled dataset's class index travels in, whatever the file calls it
 
 
-def documents_info(name: str, classes: list[str] | None = None) -> DatasetInfo:
-    """Documents; with `classes`, each with its class's index as the label."""
+def documents_info(name: str, classes: list[str] | None = None, root: str = "") -> DatasetInfo:
+    """Documents; with `classes`, each with its class's index as the label. `root`: the folder or
+    prefix their files lie under (DatasetInfo.root)."""
     labelled = [FieldSpec(LABEL, "int64", [], range=[0, len(classes) - 1])] if classes else []
     return DatasetInfo(
         name=name,
@@ -56,6 +57,7 @@ def documents_info(name: str, classes: list[str] | None = None) -> DatasetInfo:
         label_column=LABEL if classes else "",
         fields=[FieldSpec("text", "string", []), *labelled],
         input_field="text",
+        root=root,
     )
 
 
@@ -152,7 +154,7 @@ class Text:
     objective = "language_modeling"  # documents without labels: what they are for (its default model name)
 
     def info(self, options: TextOptions) -> DatasetInfo:
-        return documents_info("text", options.classes)
+        return documents_info("text", options.classes, sources.listed_root(options.path))
 
     def _files(self, options: TextOptions, versions: bool = False) -> list[sources.Source]:
         formats = list(FORMATS) if options.format == "auto" else [options.format]

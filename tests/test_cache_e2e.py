@@ -259,9 +259,9 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     # export that came out the same.
     before = (shards / "part-1.parquet").stat()
     part = pd.read_parquet(shards / "part-1.parquet")
-    # A row the seeded hash of its origin (file and row) puts in the test split.
+    # A row the seeded hash of its origin (file below the dataset's folder, and row) puts in the test split.
     origin = pd.DataFrame({SOURCE_FILE: str(shards / "part-1.parquet"), SOURCE_ROW: np.arange(len(part))})
-    row = int(np.flatnonzero(split_of(origin, DataConfig()) == 2)[0])
+    row = int(np.flatnonzero(split_of(origin, DataConfig(), str(shards)) == 2)[0])
     part.loc[row, "pixel_10"] = 15.0 if part.loc[row, "pixel_10"] != 15.0 else 14.0
     part.to_parquet(shards / "part-1.parquet", index=False)
     os.utime(shards / "part-1.parquet", ns=(before.st_atime_ns, before.st_mtime_ns))

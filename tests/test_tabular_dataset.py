@@ -19,7 +19,7 @@ import pytest
 from flyscale.config import DataConfig
 from flyscale.data import shards
 from flyscale.data import source as data
-from flyscale.data.prepare import prepare_table
+from flyscale.data.prepare import prepare_table, prepared_frames
 from flyscale_plugins.tabular import TabularOptions, parquet
 
 pytestmark = pytest.mark.timeout(180)
@@ -206,10 +206,12 @@ def test_a_text_column_never_silently_vanishes_from_inferred_features(tmp_path):
     assert info.feature_columns == FEATURES and info.inferred == ["features", "num_classes"]
 
 
-def test_local_and_s3_give_the_same_frame_and_info(s3, tmp_path):
+def test_local_and_s3_give_the_same_frame_info_and_split(s3, tmp_path):
+    """The same files in a folder here and uploaded to S3: the same rows, and each in the same
+    split (the split hashes a file's path below data.options.path, not the whole path)."""
     client, bucket = s3
     for i in range(2):
-        body = _bytes(_frame(i), "parquet")
+        body = _bytes(_frame(i, n=200), "parquet")
         (tmp_path / f"part-{i}.parquet").write_bytes(body)
         client.put_object(Bucket=bucket, Key=f"data/shards/part-{i}.parquet", Body=body)
     client.put_object(Bucket=bucket, Key="data/shards/_SUCCESS", Body=b"")  # other keys are skipped
@@ -223,6 +225,13 @@ def test_local_and_s3_give_the_same_frame_and_info(s3, tmp_path):
         remote_info.feature_columns,
         remote_info.num_classes,
     )
+
+    def splits(frame: pd.DataFrame, info, path: str) -> list[set[tuple[str, int]]]:
+        parts = prepared_frames(prepare_table(frame, _cfg(path, "parquet", False), info))
+        return [{(name.rsplit("/", 1)[1], row) for name, row in zip(p.source_file, p.source_row)} for p in parts]
+
+    here, there = splits(local, local_info, str(tmp_path)), splits(remote, remote_info, f"s3://{bucket}/data/shards")
+    assert here == there and all(40 <= len(s) <= 300 for s in here), [len(s) for s in here]
 
 
 def test_s3_errors_name_the_path_and_what_to_do(s3):

@@ -127,7 +127,8 @@ class _Writers:
         """Write the examples where `keep`; their locations (split << 38 | position)."""
         origin = origin[keep].reset_index(drop=True)
         values = {k: v[keep] for k, v in checked.values.items()}
-        parts = split_of(origin.rename(columns={"source_file": SOURCE_FILE, "source_row": SOURCE_ROW}), self.cfg)
+        named = origin.rename(columns={"source_file": SOURCE_FILE, "source_row": SOURCE_ROW})
+        parts = split_of(named, self.cfg, self.info.root)
         where = np.zeros(len(origin), dtype="uint64")
         for i, writer in enumerate(self.splits):
             mine = parts == i

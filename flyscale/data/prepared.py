@@ -31,10 +31,15 @@ class Prepared:
     info: DatasetInfo
 
 
-def split_of(origin: pd.DataFrame, cfg: DataConfig) -> np.ndarray:
-    """0 train, 1 validation, 2 test, by a seeded hash of each row's origin (file and row)."""
+def split_of(origin: pd.DataFrame, cfg: DataConfig, root: str = "") -> np.ndarray:
+    """0 train, 1 validation, 2 test, by a seeded hash of each row's origin: its file's path below
+    `root` (DatasetInfo.root) and its row."""
     key = f"flyscale{cfg.seed:08d}"[-16:]
-    h = pd.util.hash_pandas_object(origin[[SOURCE_FILE, SOURCE_ROW]], index=False, hash_key=key).to_numpy()
+    named = origin[[SOURCE_FILE, SOURCE_ROW]]
+    if root:
+        below = named[SOURCE_FILE].astype(str).str.removeprefix(root.rstrip("/")).str.lstrip("/")
+        named = named.assign(**{SOURCE_FILE: below})
+    h = pd.util.hash_pandas_object(named, index=False, hash_key=key).to_numpy()
     u = (h % np.uint64(1_000_000)).astype("float64") / 1_000_000
     return np.where(u < cfg.test_fraction, 2, np.where(u < cfg.test_fraction + cfg.val_fraction, 1, 0))
 

@@ -135,6 +135,7 @@ def sequences_info(info: DatasetInfo, tokenizer: text.Tokenizer | FieldSpec, seq
         label_column=info.label_column if label else "",
         fields=[tokens, *label],
         input_field=SEQUENCE_FIELD,
+        root=info.root,
     )
 
 

@@ -88,6 +88,10 @@ class DatasetInfo:
     inferred: list[str] = field(default_factory=list)
     fields: list[FieldSpec] = field(default_factory=list)
     input_field: str = ""  # with `fields`: the one models take
+    # The folder or s3:// prefix the origins' files (SOURCE_FILE) lie under, in the form they are
+    # named: the split hashes each file's path below it, so the same files split the same way
+    # wherever they sit (another folder, or uploaded to S3). "" hashes the whole name.
+    root: str = ""
 
     def input(self) -> FieldSpec | None:
         """The field models take, for a dataset of typed examples; None for a table."""
@@ -177,6 +181,7 @@ def _converted_info(obj: Any, where: str) -> DatasetInfo:
         "inferred",
         "fields",
         "input_field",
+        "root",
     )
     defaults = {
         "label_column": "label",
@@ -185,6 +190,7 @@ def _converted_info(obj: Any, where: str) -> DatasetInfo:
         "inferred": [],
         "fields": [],
         "input_field": "",
+        "root": "",
     }
     f = _fields(obj, names, f"{where}: info()", defaults)
     try:
@@ -199,6 +205,7 @@ def _converted_info(obj: Any, where: str) -> DatasetInfo:
             inferred=[str(v) for v in f["inferred"]],
             fields=[_as_field(v, where) for v in f["fields"]],
             input_field=str(f["input_field"]),
+            root=str(f["root"]),
         )
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{where}: info() returned fields of the wrong type: {exc}") from exc
