@@ -22,13 +22,25 @@ from flyscale.flyte import heap
 from flyscale.flyte.dataclass_types import register
 from flyscale.flyte.provenance import CacheReport, TaskRun
 from flyscale.plugin.records import DatasetInfo, FieldSpec, GateVerdict
+from flyscale.render.data_summary import DataSummary
 from flyscale.render.summary import RunSummary
+from flyscale.search.study import TrialSpec
 from flyscale.tracking import store as tracking_store
 from flyscale.tracking.log_and_register import Registration
 from flyscale.train.distributed import DistContext, configure_logging
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import EpochMetrics, TrainHistory
-from tasks.records import EvaluatedModel, ModelBundle, QuantizedModel, ValidatedData
+from tasks.records import (
+    EvaluatedModel,
+    ExportedModel,
+    ModelBundle,
+    ModelCheck,
+    QuantizedModel,
+    ServedLevel,
+    ServedModel,
+    StartWeights,
+    ValidatedData,
+)
 
 # The image the workflow is registered with (None for a local run): every task's container image,
 # so that it is part of their cache versions, and named in their pods for the lineage tags.
@@ -79,6 +91,9 @@ register(
     config.GatesConfig,
     config.QuantizeConfig,
     config.MlflowConfig,
+    config.ObjectiveConfig,
+    config.ExportConfig,
+    config.ServingConfig,
     DatasetInfo,
     FieldSpec,
     ShardPart,
@@ -107,4 +122,11 @@ register(
     ModelBundle,
     EvaluatedModel,
     QuantizedModel,
+    ModelCheck,
+    StartWeights,
+    ExportedModel,
+    ServedModel,
+    ServedLevel,
+    DataSummary,
+    TrialSpec,
 )

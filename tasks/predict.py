@@ -12,6 +12,7 @@ from flytekit.types.directory import FlyteDirectory
 from flytekit.types.file import FlyteFile
 
 from flyscale.config import DataConfig
+from flyscale.flyte.dataclass_types import register
 from flyscale.serving import batch
 from tasks.common import SMALL, TASK, TRACKED
 
@@ -36,6 +37,9 @@ class Predictions:
     rows: int
     files: int
     model_uri: str
+
+
+register(PredictionPlan, ScoredPart, Predictions)
 
 
 @task(cache=False, **TRACKED, requests=SMALL)

@@ -35,7 +35,7 @@ from tasks.train import train_model
 
 log = logging.getLogger(__name__)
 
-register(SearchStudyConfig, SearchConfig, Param, Study, TrialSpec, TrialResult, SearchSummary)
+register(SearchStudyConfig, SearchConfig, Param, Study, TrialResult, SearchSummary)
 
 
 @task(cache=False, **TASK, requests=SMALL)

@@ -120,6 +120,37 @@ def _literal_types(project: Path, cache: Path) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
+WORKFLOW_TYPES = textwrap.dedent("""
+    import json
+    from flytekit.core.type_engine import DataclassTransformer
+    built = []
+    real = DataclassTransformer.get_literal_type
+    DataclassTransformer.get_literal_type = lambda self, t: built.append(repr(t)) or real(self, t)
+    import workflows.train, workflows.predict, workflows.search, workflows.scaling, workflows.launch_plans
+    print(json.dumps(built))
+""")
+
+
+@pytest.mark.slow
+def test_importing_the_workflows_again_builds_no_dataclasss_flyte_type(tmp_path):
+    """Every dataclass a task or workflow hands on is registered (tasks/common.py), so the second
+    process to import the workflows reads each Flyte type back: one left out is built by flytekit
+    in every process (tenths of a second each)."""
+
+    def built() -> list[str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", WORKFLOW_TYPES],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "FLYSCALE_CACHE_DIR": str(tmp_path / "memo")},
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    assert len(built()) > 50  # the first builds them all (a type asked for twice may be built twice)
+    assert built() == []
+
+
 @pytest.mark.slow
 def test_a_dataclasss_flyte_type_is_built_once_and_follows_its_code(tmp_path):
     project = _project_copy(tmp_path / "project")
