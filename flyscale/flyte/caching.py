@@ -159,19 +159,17 @@ LIBRARIES = ("torch", "numpy", "pandas", "pyarrow", "scikit-learn", "scipy", "pa
 
 def library_versions(names: tuple[str, ...] = LIBRARIES) -> dict[str, str]:
     """{distribution: installed version} (read from metadata: nothing is imported)."""
-    return dict(_library_versions(names))
+    return {"python": platform.python_version(), **{name: _version(name) for name in names}}
 
 
-# Once per process: every task asks, and what is imported cannot change version meanwhile.
+# Once per process and library: every task asks (a lookup scans the installed distributions), and
+# what is imported cannot change version meanwhile.
 @functools.cache
-def _library_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    out = {"python": platform.python_version()}
-    for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return tuple(out.items())
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def code_version(task_module: str, plugin_kinds: tuple[str, ...]) -> str:
