@@ -46,8 +46,7 @@ LABEL = "label"  # the column a labelled dataset's class index travels in, whate
 
 
 def documents_info(name: str, classes: list[str] | None = None, root: str = "") -> DatasetInfo:
-    """Documents; with `classes`, each with its class's index as the label. `root`: the folder or
-    prefix their files lie under (DatasetInfo.root)."""
+    """Documents (their files under `root`); with `classes`, each with its class's index as the label."""
     labelled = [FieldSpec(LABEL, "int64", [], range=[0, len(classes) - 1])] if classes else []
     return DatasetInfo(
         name=name,
