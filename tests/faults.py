@@ -44,6 +44,19 @@ def after(trigger: str, rule: Rule) -> Rule:
     return conditional
 
 
+def once(rule: Rule) -> Rule:
+    """`rule`, for the first request it matches only."""
+    hit = threading.Event()
+
+    def first(method: str, path: str, body: bytes) -> bool:
+        if hit.is_set() or not rule(method, path, body):
+            return False
+        hit.set()
+        return True
+
+    return first
+
+
 @dataclass
 class FaultProxy:
     """Serves on 127.0.0.1:<port> and forwards to `upstream`; `rule` may be changed at any time."""
@@ -51,6 +64,8 @@ class FaultProxy:
     upstream: str
     rule: Rule | None = None
     failed: list[str] = field(default_factory=list)  # "METHOD path" of every request it failed
+    # What a failed request is answered: (status, JSON body); a 503 unless a test says otherwise.
+    answer: tuple[int, dict] = (503, {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "injected fault"})
 
     def __post_init__(self):
         proxy = self
@@ -77,10 +92,9 @@ class FaultProxy:
                 rule = proxy.rule
                 if rule is not None and rule(self.command, self.path, body):
                     proxy.failed.append(f"{self.command} {self.path}")
-                    payload = json.dumps(
-                        {"error_code": "TEMPORARILY_UNAVAILABLE", "message": "injected fault"}
-                    ).encode()
-                    self.send_response(503)
+                    status, answer = proxy.answer
+                    payload = json.dumps(answer).encode()
+                    self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
                     self.end_headers()

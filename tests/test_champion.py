@@ -29,7 +29,7 @@ from flyscale.tracking.champion_reference import read_reference, remeasure
 from flyscale.tracking.store import MlflowUnavailable
 from flyscale.train.preflight import PreflightReport
 from flyscale.train.telemetry import TrainHistory
-from tests.faults import FaultProxy, fail_all
+from tests.faults import FaultProxy, fail_all, once
 
 
 def profile(frame: pd.DataFrame, info) -> field_profile.Profile:
@@ -286,6 +286,28 @@ def test_a_registration_that_fails_half_way_leaves_the_registry_as_it_was(proxy,
     client = MlflowClient(proxy.upstream)
     assert client.search_model_versions(f"name='{name}'") == []  # removed again
     assert not client.get_registered_model(name).aliases
+
+
+def test_a_dataset_another_run_logged_at_the_same_moment_is_logged_again(proxy, name):
+    """Two runs on the same data race in the tracking server (both find the dataset missing,
+    both insert it); the one that loses gets the server's unique-key 400, and logs it again."""
+    proxy.rule = once(lambda method, path, body: path.endswith("/runs/log-inputs"))
+    proxy.answer = (
+        400,
+        {
+            "error_code": "BAD_REQUEST",
+            "message": "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+            "datasets.name, datasets.digest",
+        },
+    )
+    split = run_log.LoggedDataset("digits", "03d55907d291-train", "", "training", {"features": ("float32", [64])})
+    mlflow.set_tracking_uri(proxy.url)  # an earlier test of this process may have set another
+    mlflow.set_experiment("champion-tests")
+    with mlflow.start_run() as run:
+        run_log.log_datasets([split])
+    assert proxy.failed == ["POST /api/2.0/mlflow/runs/log-inputs"]  # the fault was hit
+    logged = MlflowClient(proxy.upstream).get_run(run.info.run_id).inputs.dataset_inputs
+    assert [(i.dataset.name, i.dataset.digest) for i in logged] == [("digits", "03d55907d291-train")]
 
 
 def test_registering_the_same_weights_twice_yields_one_version(server, name, tmp_path):

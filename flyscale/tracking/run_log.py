@@ -79,7 +79,6 @@ def log_datasets(datasets: list[LoggedDataset]) -> None:
     """Each split with `mlflow.log_input`: name, digest, source, schema, and the split as context."""
     import warnings
 
-    import mlflow
     from mlflow.data.code_dataset_source import CodeDatasetSource
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
@@ -97,7 +96,27 @@ def log_datasets(datasets: list[LoggedDataset]) -> None:
             for name, (dtype, shape) in d.fields.items()
         ]
         dataset = MetaDataset(source, name=d.name, digest=d.digest, schema=Schema(specs))  # type: ignore[abstract]  # profile is optional at run time
-        mlflow.log_input(dataset, context=d.context)
+        _log_input(dataset, d.context)
+
+
+def _log_input(dataset, context: str, attempts: int = 3) -> None:
+    """`mlflow.log_input`, again where another run logged the same dataset at the same moment.
+
+    The tracking server looks the dataset up, then inserts it if it was missing: two runs on the
+    same data that both find it missing both insert it, and the later insert breaks the datasets
+    table's unique key (a 400 naming the constraint, not a retryable 5xx). Logged again, the
+    dataset is found and only linked to this run (the failed request changed nothing)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(attempts):
+        try:
+            mlflow.log_input(dataset, context=context)
+            return
+        except MlflowException as exc:
+            raced = any(s in str(exc).lower() for s in ("unique constraint", "duplicate key", "duplicate entry"))
+            if not raced or attempt == attempts - 1:
+                raise
 
 
 def continued_run(client, history: TrainHistory) -> str:
