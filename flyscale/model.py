@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import tempfile
 import warnings
 from typing import Any
 
@@ -17,6 +16,7 @@ from torch import nn
 
 from flyscale.config import ModelConfig
 from flyscale.flyte import content
+from flyscale.flyte.outputs import output_dir
 from flyscale.plugin.records import DatasetInfo
 
 
@@ -59,7 +59,7 @@ def kept(cfg: ModelConfig, info: DatasetInfo, path: str) -> tuple[ModelConfig, s
 
 def save_state(model: nn.Module, name: str) -> str:
     """Write `model`'s state_dict to a fresh file that outlives this process; returns its path."""
-    path = os.path.join(tempfile.mkdtemp(prefix="flyscale-"), name)
+    path = str(output_dir("flyscale-weights-") / name)
     torch.save(model.state_dict(), path)
     return path
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -27,6 +26,7 @@ from flyscale.evaluate.gating import Judgment
 from flyscale.evaluate.metrics import EvalMetrics, evaluate_batches
 from flyscale.evaluate.quantize import STATIC, quantize, quantize_onnx, works_on_onnx
 from flyscale.export import onnx
+from flyscale.flyte import outputs
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
@@ -208,9 +208,11 @@ def quantize_model(
     if not comparison.pays and twin_always:  # registered all the same, as config says
         comparison.pays, comparison.verdict = True, f"registered as quantize.twin: always says; it {comparison.verdict}"
     fmt = "onnx" if works_on_onnx(cfg) else "torch"
-    figures = plots.draw_run(tempfile.mkdtemp(prefix="flyscale-plots-"), fp32, metrics, comparison, history)
+    figures = plots.draw_run(str(outputs.output_dir("flyscale-plots-")), fp32, metrics, comparison, history)
     Deck("Evaluation", evaluation_html(fp32, metrics, comparison, figures))
-    quantized = QuantizedModel(FlyteFile(out), metrics, comparison, FlyteDirectory(figures), fmt, cfg.name)
+    quantized = QuantizedModel(
+        FlyteFile(str(outputs.kept(out, "flyscale-int8-"))), metrics, comparison, FlyteDirectory(figures), fmt, cfg.name
+    )
     return Quantized(quantized)
 
 

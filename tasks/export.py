@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
-from pathlib import Path
 from typing import Annotated, NamedTuple
 
 from flytekit import task
@@ -16,6 +14,7 @@ from flyscale.data.tensors import batches
 from flyscale.export import onnx
 from flyscale.flyte.caching import code_cache
 from flyscale.flyte.content import BY_CONTENT
+from flyscale.flyte.outputs import output_dir
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import file_sha256
 from flyscale.train import objective as objectives
@@ -44,7 +43,7 @@ def export_model(
     module, info = model.module(), model.info
     goal = objectives.of(model.objective)
     x, y = next(iter(batches(test, info)))
-    path = Path(tempfile.mkdtemp()) / "model.onnx"
+    path = output_dir("flyscale-onnx-") / "model.onnx"
     example = onnx.model_inputs(x[:8], y[:8], goal)  # traced on a few rows; any batch size serves
     try:
         onnx.export(module, example, path)

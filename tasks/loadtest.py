@@ -14,6 +14,7 @@ from flytekit.types.directory import FlyteDirectory
 from flyscale.config import ServingConfig
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT
+from flyscale.flyte.outputs import output_dir
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from tasks.common import SMALL, TASK
 from tasks.records import ExportedModel, ModelBundle, ServedLevel, ServedModel
@@ -34,7 +35,7 @@ def load_test_model(exported: ExportedModel, model: ModelBundle, cfg: ServingCon
     """With serving.loadtest: the fp32 model saved as registration would log it, served by
     `cfg.setup` on loopback, each level of closed-loop clients measured (flyscale/serving). Off:
     nothing measured."""
-    plots = Path(tempfile.mkdtemp(prefix="flyscale-loadtest-"))
+    plots = output_dir("flyscale-loadtest-")
     if not cfg.loadtest:
         return Served(ServedModel("", [], FlyteDirectory(str(plots))))
     from flyscale.serving import compare_servers

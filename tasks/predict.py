@@ -3,9 +3,7 @@ as a Flyte map task (a pod each on a cluster), and the pieces gathered into one 
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from flytekit import map_task, task
 from flytekit.types.directory import FlyteDirectory
@@ -13,6 +11,7 @@ from flytekit.types.file import FlyteFile
 
 from flyscale.config import DataConfig
 from flyscale.flyte.dataclass_types import register
+from flyscale.flyte.outputs import output_dir
 from flyscale.serving import batch
 from tasks.common import SMALL, TASK, TRACKED
 
@@ -56,7 +55,7 @@ def plan_predictions(data: DataConfig, model: str, version: str = "", alias: str
 @task(cache=False, **TRACKED, requests=SMALL)
 def score_part(part: str, data: DataConfig, model_uri: str) -> ScoredPart:
     """One piece of the dataset scored: Parquet with the input key, the version and the prediction."""
-    out = Path(tempfile.mkdtemp(prefix="flyscale-predict-")) / "predictions.parquet"
+    out = output_dir("flyscale-predict-") / "predictions.parquet"
     scored = batch.score_part(data, part, model_uri, out)
     return ScoredPart(FlyteFile(scored.path), scored.rows)
 
@@ -69,7 +68,7 @@ def gather_predictions(parts: list[ScoredPart], plan: PredictionPlan) -> Predict
     """The pieces' files in one folder, named by their order in the dataset."""
     import shutil
 
-    out = Path(tempfile.mkdtemp(prefix="flyscale-predictions-"))
+    out = output_dir("flyscale-predictions-")
     for i, part in enumerate(parts):
         shutil.copyfile(part.file.download(), out / f"part-{i:05d}.parquet")
     return Predictions(FlyteDirectory(str(out)), sum(p.rows for p in parts), len(parts), plan.model_uri)

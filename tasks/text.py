@@ -4,9 +4,7 @@ everything after it."""
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import replace
-from pathlib import Path
 from typing import Annotated, NamedTuple
 
 from flytekit import task
@@ -17,6 +15,7 @@ from flyscale.data import tokenize
 from flyscale.data.shards import ContentShards, Shards
 from flyscale.flyte.caching import LIBRARIES, code_cache
 from flyscale.flyte.content import BY_CONTENT, file_sha256
+from flyscale.flyte.outputs import output_dir
 from flyscale.flyte.provenance import TaskRun
 from tasks.common import SMALL, TASK
 from tasks.records import ValidatedData
@@ -52,7 +51,7 @@ def tokenize_text(
     splits, info, tokenizer_json, stats = tokenize.tokenize(
         {"train": train, "val": val, "test": test}, validated.info, cfg
     )
-    path = Path(tempfile.mkdtemp(prefix="flyscale-tokenizer-")) / "tokenizer.json"
+    path = output_dir("flyscale-tokenizer-") / "tokenizer.json"
     path.write_text(tokenizer_json, encoding="utf-8")
     sha256 = file_sha256(path)
     if pretrained_sha256 and sha256 != pretrained_sha256:

@@ -1,5 +1,6 @@
 """Cache keys on facts, through real `pyflyte run` against a real MLflow server: an unchanged
-rerun (the nightly launch plan's, on a night with unchanged data) is all cache hits, and so is
+rerun (the nightly launch plan's, on a night with unchanged data, after a reboot emptied the
+temporary folder) is all cache hits, and so is
 one after another config was forced afresh (keys hold content, not where files were written);
 another strategy re-runs training and what follows it; new bytes under the same path re-run everything,
 even at the same size with the old mtime; the same bytes rewritten re-run only the load.
@@ -189,6 +190,16 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     (ran, cached), first = run()
     assert ran == set(DATA + TRAINING) and cached == set()
     run_id = _check_the_first_run(first.stdout, client, tmp_path)
+
+    # A reboot (or a tmp cleaner) before the night: all the first run left in the temporary folder
+    # is gone. A local run keeps what its tasks hand on under ~/.flyscale/outputs, where the cache's
+    # entries point (flyscale/flyte/outputs.py), the int8 file a quantizer plugin wrote in the
+    # temporary folder included; the night's run reads every cached output all the same.
+    assert list((home / ".flyscale" / "outputs").glob("flyscale-shard-*"))
+    left = [p for p in tmp_path.iterdir() if p not in (shards, home, preset)]
+    assert any(p.name.startswith("flyscale-int8-") for p in left)  # the plugin's own file, copied
+    for path in left:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     # A night with unchanged data: the scheduled run is all cache hits (it shares the keys).
     (ran, cached), second = nightly()

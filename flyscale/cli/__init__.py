@@ -3,6 +3,7 @@
     flyscale plugins                  # every installed plugin, by kind (plugin_list.py)
     flyscale plugins --kind models    # one kind only
     flyscale checkpoints              # the run folders checkpoints left behind (checkpoint_commands.py)
+    flyscale outputs [--clear]        # what local runs keep of their tasks' files, with Flyte's local cache
     flyscale convert STEP_DIR --to safetensors --out DIR   # a checkpoint's model for Hugging Face
     flyscale tiny-checkpoint llama --out models/tiny-llama  # a small random checkpoint to fine-tune
     flyscale rollback --model NAME --to VERSION --reason "..."   # move `champion` back (registry_commands.py)
@@ -18,7 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flyscale.cli.checkpoint_commands import cmd_checkpoints, cmd_convert, cmd_tiny_checkpoint
+from flyscale.cli.checkpoint_commands import cmd_checkpoints, cmd_convert, cmd_outputs, cmd_tiny_checkpoint
 from flyscale.cli.plugin_list import _summary, cmd_plugins, collect, render_plain, render_rich
 from flyscale.cli.registry_commands import cmd_huggingface, cmd_loadtest, cmd_move, cmd_repository
 from flyscale.flyte import heap
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--prune-days", type=float, default=None, help="delete run folders not written for this many days"
     )
     ckpts.set_defaults(func=cmd_checkpoints)
+    outs = sub.add_parser("outputs", help="the files local runs keep (~/.flyscale/outputs); --clear deletes them")
+    outs.add_argument(
+        "--clear", action="store_true", help="delete them, and empty Flyte's local cache, which names them"
+    )
+    outs.set_defaults(func=cmd_outputs)
     convert = sub.add_parser(
         "convert", help="a checkpoint's model as Hugging Face safetensors, or safetensors as a DCP directory"
     )

@@ -1,4 +1,5 @@
 """`flyscale checkpoints`: the run folders checkpoints left behind, and old ones pruned; `flyscale
+outputs`: what local runs keep of their tasks' files (flyscale/flyte/outputs.py); `flyscale
 convert`: a checkpoint's model to Hugging Face safetensors and back (flyscale/train/checkpoint_convert.py);
 `flyscale tiny-checkpoint`: a small random Hugging Face checkpoint (flyscale/export/tiny_checkpoint.py)."""
 
@@ -28,6 +29,21 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         print(f"  {run.path}  {steps}  {run.bytes / 2**20:.1f} MiB  last written {age_h:.1f} h ago{held}")
     if not runs:
         print("  none")
+    return 0
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    """How much the local runs' outputs take; with --clear, delete them and empty Flyte's local
+    cache, which names them."""
+    from flyscale.flyte import outputs
+
+    if args.clear:
+        deleted = outputs.clear()
+        print(f"deleted {outputs.local_base()} ({deleted / 2**20:.1f} MiB) and emptied Flyte's local cache")
+        print("the next local run runs every task again")
+    else:
+        print(f"local runs' outputs: {outputs.local_base()}, {outputs.size() / 2**20:.1f} MiB")
+        print("flyscale outputs --clear deletes them with Flyte's local cache (its entries name them)")
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from flyscale.data.shards import Shards, ShardWriter
 from flyscale.data.validation import ValidationReport
 from flyscale.errors import DataError, require
 from flyscale.flyte import content
+from flyscale.flyte.outputs import output_dir
 from flyscale.plugin.records import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def _link(src: Path, dst: Path) -> None:
 def _assemble_split(ordered: list[_Part], s: int, drop: dict[int, np.ndarray], info: DatasetInfo) -> Shards:
     """Split `s` of every part, in part order: files linked as they are, or rewritten without the
     rows in `drop` ({part: positions})."""
-    out = Path(tempfile.mkdtemp(prefix=f"flyscale-{SPLITS[s]}-"))
+    out = output_dir(f"flyscale-{SPLITS[s]}-")
     rows = 0
     for k, p in enumerate(ordered):
         start = 0
@@ -206,7 +206,7 @@ def _assemble_split(ordered: list[_Part], s: int, drop: dict[int, np.ndarray], i
 def _assemble_quarantine(ordered: list[_Part], duplicates: ShardWriter, info: DatasetInfo) -> Shards:
     """Every part's quarantine and the duplicates found across shards, in one directory."""
     closed = duplicates.close(quarantine_schema(info))
-    out = Path(tempfile.mkdtemp(prefix="flyscale-quarantine-"))
+    out = output_dir("flyscale-quarantine-")
     for k, p in enumerate(ordered):
         for n, f in enumerate(shards.files(str(p.root / "quarantine"))):
             _link(Path(f), out / f"part-{k:05d}-{n:05d}.parquet")

@@ -17,7 +17,6 @@ result is the same whether the shards ran one at a time or many at once.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from flyscale.data.example_checks import Checked
 from flyscale.data.prepared import DUPLICATE, SeenRows, split_of
 from flyscale.data.reference import Profile
 from flyscale.data.shards import ShardWriter
+from flyscale.flyte.outputs import output_dir
 from flyscale.flyte.provenance import TaskRun
 from flyscale.plugin.records import SOURCE_FILE, SOURCE_KEY, SOURCE_ROW, DatasetInfo
 
@@ -164,7 +164,7 @@ def prepare_shard(
     its part of the three splits. `edges`: the reference's bins of a table's columns
     (field_profile.reference_edges), which the shard's profile counts on."""
     where = f"dataset {cfg.dataset!r}" + (f", shard {shard!r}" if shard else "")
-    root = Path(tempfile.mkdtemp(prefix=f"flyscale-shard-{index:05d}-"))
+    root = output_dir(f"flyscale-shard-{index:05d}-")
     writers = _Writers(root, cfg, info, keep_encoded, edges)
     check = _checks(cfg, info, where)
     quarantine = ShardWriter("quarantine", root=str(root / "quarantine"))

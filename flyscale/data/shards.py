@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from flytekit.types.directory import FlyteDirectory
 
 from flyscale.flyte import content
+from flyscale.flyte.outputs import output_dir
 
 ROW_GROUP_ROWS = 65_536  # the unit of streaming: one row group is read, shuffled and batched at a time
 
@@ -64,7 +64,7 @@ class ShardWriter:
         root: str | None = None,
     ):
         self.streamed = streamed
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix=f"flyscale-{name}-"))
+        self.root = Path(root) if root else output_dir(f"flyscale-{name}-")
         self.root.mkdir(parents=True, exist_ok=True)
         self.rows_per_file, self.row_group_rows = rows_per_file, row_group_rows
         self.rows = 0

@@ -109,10 +109,9 @@ def validation_html(report: ValidationReport, quarantined: pd.DataFrame, png: by
 
 def write(report: ValidationReport, quarantined: pd.DataFrame, data_profile: Profile, reference: Reference) -> str:
     """The report as files in a fresh directory (validation.html, distributions.png); returns it."""
-    import tempfile
-    from pathlib import Path
+    from flyscale.flyte.outputs import output_dir
 
-    out = Path(tempfile.mkdtemp(prefix="flyscale-validation-"))
+    out = output_dir("flyscale-validation-")
     png = distributions_png(data_profile, reference)
     (out / "distributions.png").write_bytes(png)
     (out / "validation.html").write_text(validation_html(report, quarantined, png))

@@ -1,0 +1,78 @@
+"""Where a local run keeps the files its tasks hand on (flyscale/flyte/outputs.py), and `flyscale
+outputs --clear`, which deletes them with the Flyte local cache that names them. That a run after a
+reboot still reads every cached output is tests/test_cache_e2e.py's, through `pyflyte run`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from diskcache import Cache
+from flytekit.core.context_manager import ExecutionState, FlyteContextManager
+
+from flyscale.flyte import outputs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def local_run(tmp_path, monkeypatch):
+    """This test inside a task of a local Flyte execution, with HOME in tmp_path."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    ctx = FlyteContextManager.current_context()
+    state = ctx.execution_state.with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
+    with FlyteContextManager.with_context(ctx.with_execution_state(state)):
+        yield tmp_path / "home" / ".flyscale" / "outputs"
+
+
+def test_outside_a_run_an_output_folder_is_a_temporary_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = outputs.output_dir("flyscale-x-")
+    assert folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("flyscale-x-")
+    assert not (tmp_path / ".flyscale").exists()
+    folder.rmdir()
+
+
+def test_a_local_run_writes_under_its_outputs_folder_and_copies_a_temporary_file_there(local_run):
+    folder = outputs.output_dir("flyscale-x-")
+    assert folder.parent == local_run and folder.name.startswith("flyscale-x-")
+    assert outputs.kept(folder, "flyscale-y-") == folder  # already there: nothing copied
+
+    written = Path(tempfile.mkdtemp(prefix="plugin-")) / "model.onnx"  # a plugin's own choice
+    written.write_bytes(b"int8")
+    copy = outputs.kept(written, "flyscale-int8-")
+    assert copy.parent.parent == local_run and copy.name == "model.onnx" and copy.read_bytes() == b"int8"
+    assert written.exists()  # copied, not moved: something else may still read it
+
+
+def test_a_file_outside_the_temporary_folder_stays_where_it_is(local_run, tmp_path):
+    mine = REPO / "configs" / "quick.yaml"  # the user's own file: not ours to copy or move
+    assert outputs.kept(mine, "flyscale-x-") == mine
+    assert not local_run.exists()
+
+
+def test_outputs_clear_deletes_the_files_and_the_local_cache_that_names_them(tmp_path):
+    home = tmp_path / "home"
+    kept = home / ".flyscale" / "outputs" / "flyscale-shard-00000-abc"
+    kept.mkdir(parents=True)
+    (kept / "part.parquet").write_bytes(b"x" * 2**20)
+    with Cache(str(home / ".flyte" / "local-cache")) as cache:  # where flytekit keeps it
+        cache.set("an entry", b"naming the file above")
+    env = {**os.environ, "HOME": str(home)}
+
+    def flyscale(*args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-m", "flyscale.cli", "outputs", *args], env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert f"local runs' outputs: {home / '.flyscale' / 'outputs'}, 1.0 MiB" in flyscale()
+    assert "(1.0 MiB) and emptied Flyte's local cache" in flyscale("--clear")
+    assert not (home / ".flyscale" / "outputs").exists()
+    with Cache(str(home / ".flyte" / "local-cache")) as cache:
+        assert len(cache) == 0
