@@ -21,8 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def local_run(tmp_path, monkeypatch):
-    """This test inside a task of a local Flyte execution, with HOME in tmp_path."""
+    """This test inside a task of a local Flyte execution, with HOME and the temporary folder in
+    tmp_path (apart: the checkout, a user's files, may itself lie under /tmp)."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     ctx = FlyteContextManager.current_context()
     state = ctx.execution_state.with_params(mode=ExecutionState.Mode.LOCAL_TASK_EXECUTION)
     with FlyteContextManager.with_context(ctx.with_execution_state(state)):
@@ -50,7 +53,8 @@ def test_a_local_run_writes_under_its_outputs_folder_and_copies_a_temporary_file
 
 
 def test_a_file_outside_the_temporary_folder_stays_where_it_is(local_run, tmp_path):
-    mine = REPO / "configs" / "quick.yaml"  # the user's own file: not ours to copy or move
+    mine = tmp_path / "weights.pt"  # the user's own file: not ours to copy or move
+    mine.write_bytes(b"weights")
     assert outputs.kept(mine, "flyscale-x-") == mine
     assert not local_run.exists()
 
