@@ -307,3 +307,12 @@ def test_each_fact_reruns_exactly_what_it_changes(tmp_path, mlflow_server):
     (ran, cached), proc = run(renamed)
     assert {"preflight_check", "train_model"} <= cached and "register_model" in ran, proc.stdout[-2000:]
     assert [v.version for v in client.search_model_versions(f"name='{MODEL}-renamed'")] == ["1"]
+
+    # The outputs folder deleted by hand, the local cache left naming what was in it: the run
+    # fails in flytekit (converting a cached output), and says which file is gone and what to do.
+    shutil.rmtree(home / ".flyscale" / "outputs")
+    proc = run_pipeline(home, "--cfg", str(renamed), env=env)
+    assert proc.returncode == 1
+    log = proc.stdout + proc.stderr
+    assert f"a cached output of an earlier local run is gone: {home / '.flyscale' / 'outputs'}/" in log, log[-4000:]
+    assert "pyflyte run --overwrite-cache" in log and "flyscale outputs --clear" in log

@@ -80,3 +80,18 @@ def test_outputs_clear_deletes_the_files_and_the_local_cache_that_names_them(tmp
     assert not (home / ".flyscale" / "outputs").exists()
     with Cache(str(home / ".flyte" / "local-cache")) as cache:
         assert len(cache) == 0
+
+
+def test_a_failure_naming_a_deleted_output_says_which_and_what_to_do(local_run):
+    there = outputs.output_dir("flyscale-plots-")
+    deleted = local_run / "flyscale-int8-abc" / "model_int8.onnx"
+    # As flytekit words it: the dataclass's field, and its dump of the cached literal's bytes.
+    error = (
+        "Error encountered while converting inputs of 'tasks.evaluate.gate_model':\n"
+        f"  Field \"weights\" of type FlyteFile in QuantizedModel has invalid value {{'path': '{deleted}'}}\n"
+        f"  b'\\x86\\xa7weights\\x81\\xa4path\\xd9<{deleted}\\247metrics' {there}\\246format"
+    )
+    hint = outputs.gone(error)
+    assert hint.startswith(f"a cached output of an earlier local run is gone: {deleted}. ")
+    assert "--overwrite-cache" in hint and "flyscale outputs --clear" in hint
+    assert outputs.gone(f"ValueError: data.options.path '{there}' holds no Parquet file") == ""

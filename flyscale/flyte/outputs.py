@@ -12,6 +12,7 @@ two together.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -74,3 +75,22 @@ def clear() -> int:
     deleted = size()
     shutil.rmtree(local_base(), ignore_errors=True)
     return deleted
+
+
+def gone(error: str) -> str:
+    """What to tell a user whose local run failed on `error` because a file it names under the
+    outputs folder is gone (deleted while the cache still names it); "" for any other error."""
+    base = str(local_base())
+    # A path ends where the message's quoting does, or where flytekit's dump of the literal's
+    # bytes goes on (octal escapes).
+    named = re.findall(re.escape(base) + r"/[^\s'\"\\{},()]+", error)
+    missing = sorted({p for p in named if not Path(p).exists()})
+    if not missing:
+        return ""
+    return (
+        f"a cached output of an earlier local run is gone: {missing[0]}"
+        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        + f". Flyte's local cache still names files under {base} that were deleted. Run again with "
+        "`pyflyte run --overwrite-cache ...` (every task runs anew), or `flyscale outputs --clear` "
+        "to delete the rest with the cache."
+    )

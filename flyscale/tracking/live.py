@@ -8,6 +8,7 @@ import logging
 import time
 
 from flyscale.config import MlflowConfig
+from flyscale.flyte import outputs
 from flyscale.tracking.store import (
     EXECUTION_TAG,
     MAX_PARAM_CHARS,
@@ -111,8 +112,12 @@ def close_failed_runs(
     data, say) gets one.
 
     A task that fails would otherwise leave a live run RUNNING for ever. Best effort: the
-    execution has failed already, and MLflow being away must not hide why.
+    execution has failed already, and MLflow being away must not hide why. An error that comes
+    of a deleted cached output (flyscale/flyte/outputs.py) is told with what to do, first.
     """
+    if hint := outputs.gone(error):
+        log.error(hint)
+        error = f"{hint}\n{error}"
     try:
         from mlflow import MlflowClient
         from mlflow.entities import Param
