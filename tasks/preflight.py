@@ -5,6 +5,8 @@ workers (`preflight_check`)."""
 from __future__ import annotations
 
 import dataclasses
+import tempfile
+from pathlib import Path
 from typing import NamedTuple
 
 from flytekit import task
@@ -34,7 +36,6 @@ from flyscale.data.fields import real_target
 from flyscale.data.shards import Shards
 from flyscale.data.tokenize import check_tokenizer, planned_info
 from flyscale.flyte.caching import code_cache
-from flyscale.flyte.outputs import output_dir
 from flyscale.flyte.provenance import UNSTAMPED, TaskRun, stamped
 from flyscale.model import build_model, parameter_counts
 from flyscale.plugin.records import DatasetInfo
@@ -105,8 +106,11 @@ def check_model(
         candidate = kind.ModelKind.of(info, objective.name)
         kind.check(mlflow_cfg, candidate, default if default != mlflow_cfg.model_name else "")
     # What training starts from (model.init_from, or the checkpoint a pretrained model names),
-    # fetched now (an alias may have moved since the last run) and held to this model.
-    fetched = start.starting_weights(model_cfg, model, info, output_dir("flyscale-start-"), tracking_uri)
+    # fetched now (an alias may have moved since the last run) and held to this model. In a
+    # temporary folder: this task runs in every execution, and what it hands on is keyed on the
+    # file's sha256, so no cache entry names the file.
+    into = lambda: Path(tempfile.mkdtemp(prefix="flyscale-start-"))  # noqa: E731
+    fetched = start.starting_weights(model_cfg, model, info, into, tracking_uri)
     return ModelCheck(
         model=model_cfg.name,
         strategy=cfg.strategy,

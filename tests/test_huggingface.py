@@ -73,7 +73,9 @@ def test_a_gpt_loads_in_transformers_as_gpt2_with_the_same_logits(options, tmp_p
 
     # And back: model.init_from the folder starts a GPT of the same options from exactly these weights.
     again_cfg = ModelConfig(name="gpt", options=options, init_from=str(tmp_path))
-    fetched = start.starting_weights(again_cfg, build_model(again_cfg, info, meta=True), info, tmp_path / "s", str)
+    fetched = start.starting_weights(
+        again_cfg, build_model(again_cfg, info, meta=True), info, lambda: tmp_path / "s", str
+    )
     assert fetched is not None and fetched.source == f"the Hugging Face checkpoint {tmp_path}"
     again = build_model(again_cfg, info)
     again.load_state_dict(torch.load(fetched.weights_path, weights_only=True))
@@ -91,7 +93,7 @@ def test_a_gpt2_that_computes_something_else_is_refused_as_a_start(tmp_path):
     with pytest.raises(
         start.StartError, match=r"has non-zero biases \(transformer.h.0.ln_1.bias\); set model.options.bias"
     ):
-        start.starting_weights(plain, build_model(plain, info, meta=True), info, tmp_path / "a", str)
+        start.starting_weights(plain, build_model(plain, info, meta=True), info, lambda: tmp_path / "a", str)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_new"}))
     same = ModelConfig(
@@ -100,13 +102,13 @@ def test_a_gpt2_that_computes_something_else_is_refused_as_a_start(tmp_path):
     with pytest.raises(
         start.StartError, match="uses activation_function 'gelu_new'; model 'gpt' computes the exact GELU"
     ):
-        start.starting_weights(same, build_model(same, info, meta=True), info, tmp_path / "b", str)
+        start.starting_weights(same, build_model(same, info, meta=True), info, lambda: tmp_path / "b", str)
     untied = tmp_path / "untied"
     cfg, model = _gpt({"layers": 1, "heads": 2, "width": 16, "tie_embeddings": False}, info)
     save_pretrained(cfg, info, model, ByteTokenizer().to_json(), untied)
     tied = ModelConfig(name="gpt", options={"layers": 1, "heads": 2, "width": 16}, init_from=str(untied))
     with pytest.raises(start.StartError, match="has an output projection of its own .*tie_embeddings: false"):
-        start.starting_weights(tied, build_model(tied, info, meta=True), info, tmp_path / "d", str)
+        start.starting_weights(tied, build_model(tied, info, meta=True), info, lambda: tmp_path / "d", str)
     wider = ModelConfig(
         name="gpt", options={"layers": 1, "heads": 2, "width": 32, "bias": True}, init_from=str(tmp_path)
     )
@@ -115,7 +117,7 @@ def test_a_gpt2_that_computes_something_else_is_refused_as_a_start(tmp_path):
         start.StartError,
         match=r"is another architecture than this run builds: 0.pos is float32 \[17, 16\] in its weights and float32 \[17, 32\]",
     ):
-        start.starting_weights(wider, build_model(wider, info, meta=True), info, tmp_path / "c", str)
+        start.starting_weights(wider, build_model(wider, info, meta=True), info, lambda: tmp_path / "c", str)
 
 
 def test_a_bpe_tokenizer_gives_transformers_the_ids_flyscale_trained_on(tmp_path):

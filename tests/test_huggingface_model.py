@@ -65,7 +65,7 @@ def _model(path: Path, **more) -> ModelConfig:
 
 def _started(cfg: ModelConfig, info: DatasetInfo, tmp_path: Path) -> torch.nn.Module:
     """The model as training starts it: built, then given the weights flyscale fetched for it."""
-    fetched = start.starting_weights(cfg, build_model(cfg, info, meta=True), info, tmp_path, lambda: "")
+    fetched = start.starting_weights(cfg, build_model(cfg, info, meta=True), info, lambda: tmp_path, lambda: "")
     assert fetched is not None
     model = build_model(cfg, info)
     model.load_state_dict(torch.load(fetched.weights_path, weights_only=True))
@@ -243,7 +243,9 @@ def test_lora_trains_and_checkpoints_only_the_adapters_and_merges_into_a_plain_m
     from torch.distributed.checkpoint import FileSystemReader
 
     info, cfg = _tokens(), _lora(checkpoints["llama"])
-    weights = start.starting_weights(cfg, build_model(cfg, info, meta=True), info, tmp_path / "start", lambda: "")
+    weights = start.starting_weights(
+        cfg, build_model(cfg, info, meta=True), info, lambda: tmp_path / "start", lambda: ""
+    )
     assert weights is not None
 
     def built() -> TrainState:

@@ -75,20 +75,27 @@ def fetch(init_from: str, into: Path, tracking_uri: str) -> Fetched:
 
 
 def starting_weights(
-    model_cfg: ModelConfig, model: nn.Module, info: DatasetInfo, into: Path, tracking_uri: Callable[[], str]
+    model_cfg: ModelConfig,
+    model: nn.Module,
+    info: DatasetInfo,
+    into: Callable[[], Path],
+    tracking_uri: Callable[[], str],
 ) -> Fetched | None:
     """What `model` (built on the meta device) starts from, held to it: the registered model or
     run model.init_from names, a Hugging Face checkpoint it names, or else the pretrained
-    checkpoint of the model's plugin (`pretrained`); None for fresh weights."""
+    checkpoint of the model's plugin (`pretrained`); None for fresh weights. `into()` makes the
+    folder the weights are saved in, asked only when there are some (most runs start fresh)."""
     init_from = model_cfg.init_from
     if init_from and START_URI.fullmatch(init_from):
-        fetched = fetch(init_from, into, tracking_uri())
+        fetched = fetch(init_from, into(), tracking_uri())
         check(fetched, model, model_cfg, info)
         return fetched
     if init_from:
-        return from_huggingface(init_from, model_cfg, model, info, into)
+        return from_huggingface(init_from, model_cfg, model, info, into())
     pretrained = model_cfg.plugin.method("pretrained")
-    return from_huggingface(pretrained(model_cfg.plugin.options), model_cfg, model, info, into) if pretrained else None
+    return (
+        from_huggingface(pretrained(model_cfg.plugin.options), model_cfg, model, info, into()) if pretrained else None
+    )
 
 
 def from_huggingface(
