@@ -3,7 +3,9 @@ as a Flyte map task (a pod each on a cluster), and the pieces gathered into one 
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from flytekit import map_task, task
 from flytekit.types.directory import FlyteDirectory
@@ -55,7 +57,8 @@ def plan_predictions(data: DataConfig, model: str, version: str = "", alias: str
 @task(cache=False, **TRACKED, requests=SMALL)
 def score_part(part: str, data: DataConfig, model_uri: str) -> ScoredPart:
     """One piece of the dataset scored: Parquet with the input key, the version and the prediction."""
-    out = output_dir("flyscale-predict-") / "predictions.parquet"
+    # A piece gather_predictions copies into the run's folder of predictions: temporary.
+    out = Path(tempfile.mkdtemp(prefix="flyscale-predict-")) / "predictions.parquet"
     scored = batch.score_part(data, part, model_uri, out)
     return ScoredPart(FlyteFile(scored.path), scored.rows)
 
