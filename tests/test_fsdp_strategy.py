@@ -22,9 +22,9 @@ from flyscale.train.batches import TrainData
 from flyscale.train.checkpoint import Checkpointer
 from flyscale.train.distributed import process_group
 from flyscale.train.loop import Hooks
-from flyscale.train.telemetry import state_bytes
+from flyscale.train.telemetry import COMM_WARNING, EpochMetrics, InFlight, diagnose, state_bytes
 from flyscale_plugins.strategies.ddp import DDPOptions, ddp
-from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp
+from flyscale_plugins.strategies.fsdp import FSDPOptions, fsdp, fsdp_knobs
 from tests.distributed_helpers import run_on_ranks
 
 VOCAB, SEQ = 17, 17
@@ -130,12 +130,20 @@ def test_each_rank_holds_half_of_the_parameters_gradients_and_optimizer_state(tr
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_all_gathers_and_reduce_scatters_are_timed_and_a_communication_bound_run_is_told_its_knobs(trained):
-    """A tiny GPT on gloo: the collectives are in flight for much of each step (never longer than
-    it), and the run's diagnosis names them and fsdp's own knobs."""
+    """A tiny GPT on gloo: the collectives are timed, in flight for a part of each step and never
+    longer than it, and the run's diagnosis says so exactly when that part reaches COMM_WARNING.
+    This run sits about the threshold (0.17 to 0.30 of each step on 2 cores, alone or beside the
+    suite), so what a communication-bound fsdp run is told, fsdp's own knobs and not DDP's, is
+    checked on its epoch with the share set above the threshold."""
     (_, _, _, (epoch, diagnosis)), _ = trained
-    assert 0.25 <= epoch["grad_comm_fraction"] <= 1.0, epoch
-    assert diagnosis.startswith("communication-bound: parameter all-gathers and gradient reduce-scatters are in flight")
-    assert "train.options.reshard_after_forward: false" in diagnosis and "bucket_cap_mb" not in diagnosis
+    fraction = epoch["grad_comm_fraction"]
+    assert 0.05 <= fraction <= 1.0, epoch
+    told = "communication-bound: parameter all-gathers and gradient reduce-scatters are in flight"
+    assert diagnosis.startswith(told) == (fraction >= COMM_WARNING), (fraction, diagnosis)
+    bound = EpochMetrics(**{**epoch, "grad_comm_fraction": 2 * COMM_WARNING})
+    said = diagnose(bound, CFG, 2, InFlight("parameter all-gathers and gradient reduce-scatters", fsdp_knobs))
+    assert said.startswith(told), said
+    assert "train.options.reshard_after_forward: false" in said and "bucket_cap_mb" not in said
 
 
 class _Killed(Exception):
