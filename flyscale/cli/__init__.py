@@ -66,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     ckpts.set_defaults(func=cmd_checkpoints)
     outs = sub.add_parser("outputs", help="the files local runs keep (~/.flyscale/outputs); --clear deletes them")
     outs.add_argument(
-        "--clear", action="store_true", help="delete them, and empty Flyte's local cache, which names them"
+        "--clear",
+        action="store_true",
+        help="delete them, and empty Flyte's local cache (all of it, as `pyflyte local-cache clear`), which names them",
     )
     outs.set_defaults(func=cmd_outputs)
     convert = sub.add_parser(
