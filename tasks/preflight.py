@@ -105,11 +105,14 @@ def check_model(
         default = default_model_name(data_cfg.dataset, objective.name, natural)
         candidate = kind.ModelKind.of(info, objective.name)
         kind.check(mlflow_cfg, candidate, default if default != mlflow_cfg.model_name else "")
+
     # What training starts from (model.init_from, or the checkpoint a pretrained model names),
     # fetched now (an alias may have moved since the last run) and held to this model. In a
     # temporary folder: this task runs in every execution, and what it hands on is keyed on the
     # file's sha256, so no cache entry names the file.
-    into = lambda: Path(tempfile.mkdtemp(prefix="flyscale-start-"))  # noqa: E731
+    def into() -> Path:
+        return Path(tempfile.mkdtemp(prefix="flyscale-start-"))
+
     fetched = start.starting_weights(model_cfg, model, info, into, tracking_uri)
     return ModelCheck(
         model=model_cfg.name,
