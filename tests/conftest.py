@@ -75,6 +75,12 @@ def serve(cmd: list[str], ready_url: str, log: Path, timeout: float, env: dict |
             proc.kill()
 
 
+# MLflow 3's server also starts a job runner and seven huey consumers for its GenAI jobs, which
+# flyscale never schedules: about twice the server's own start-up CPU, and each polls while it
+# idles. The tests' servers run without them (the REST API and the registry are the same).
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
 @contextlib.contextmanager
 def mlflow_server_at(root: Path) -> Iterator[str]:
     """A real MLflow tracking server with a SQLite backend, its files under `root`, until the
@@ -94,7 +100,7 @@ def mlflow_server_at(root: Path) -> Iterator[str]:
         "--workers",
         "1",
     ]
-    with serve(cmd, f"{uri}/health", root / "server.log", timeout=120):
+    with serve(cmd, f"{uri}/health", root / "server.log", timeout=120, env={**os.environ, **SERVER_ENV}):
         yield uri
 
 

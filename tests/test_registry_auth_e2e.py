@@ -27,7 +27,7 @@ import requests
 from mlflow import MlflowClient
 
 from flyscale import cli
-from tests.conftest import BIN, REPO, free_port, run_pipeline, serve
+from tests.conftest import BIN, REPO, SERVER_ENV, free_port, run_pipeline, serve
 
 CREDENTIALS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_URI")
 
@@ -57,6 +57,7 @@ def auth_mlflow_server(root: Path) -> Iterator[AuthServer]:
         "MLFLOW_AUTH_ADMIN_PASSWORD": admin,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
         "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{root / 'mlflow.db'}",
+        **SERVER_ENV,
     }
     uri = f"http://127.0.0.1:{free_port()}"
     cmd = [
