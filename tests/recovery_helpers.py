@@ -8,7 +8,9 @@ OUT/ckpt. With DEST (and PREV) every worker runs inside flytekit's task setup wi
 checkpoint destination (and previous attempt's checkpoint): Flyte's checkpoint API as an attempt
 on a cluster gets it. FLYSCALE_TEST_TIMEOUT_S sets the collective timeout (default 30 s);
 FLYSCALE_TEST_SEED the seed (default 3); FLYSCALE_TEST_CKPT_BASE and FLYSCALE_TEST_OWNER
-put the checkpoints under a shared base, in the directory the run claims there. Rank 0 writes
+put the checkpoints under a shared base, in the directory the run claims there;
+FLYSCALE_TEST_EPOCH_PAUSE_S pauses rank 0 after each epoch (a run that only has to stay alive,
+holding its directory, then leaves the CPUs to the run under test). Rank 0 writes
 OUT/weights.pt and OUT/history.json; every worker writes its pid to OUT/pids/rank<R>-restart<N>
 so a test knows whom to kill.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -90,7 +93,9 @@ def train(out: str, strategy: str, every: int, epochs: int, dest: str = "", prev
                 keep=2,
                 mirror=FlyteMirror.current(keep=2) if dest and ctx.is_main else None,
             )
-            result = trainer.train(fn, model, _data(), cfg, ctx, options, Hooks(checkpointer=checkpointer))
+            pause = float(os.environ.get("FLYSCALE_TEST_EPOCH_PAUSE_S", "0"))
+            hooks = Hooks(checkpointer=checkpointer, on_epoch=(lambda _: time.sleep(pause),) if pause else ())
+            result = trainer.train(fn, model, _data(), cfg, ctx, options, hooks)
         if ctx.is_main:
             torch.save(result.model.state_dict(), root / "weights.pt")
             h = result.history

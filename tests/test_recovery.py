@@ -180,7 +180,7 @@ def test_a_second_run_of_one_training_keeps_its_checkpoints_apart(tmp_path, unin
     shared = run_directory(str(base), "seed3")
     env = lambda owner: {"FLYSCALE_TEST_CKPT_BASE": str(base), "FLYSCALE_TEST_OWNER": owner}  # noqa: E731
     first, second = tmp_path / "first", tmp_path / "second"
-    holder = _launch(first, "ddp", 1, env=env("first"), epochs=400)
+    holder = _launch(first, "ddp", 1, env={**env("first"), "FLYSCALE_TEST_EPOCH_PAUSE_S": "1"}, epochs=400)
     try:
         _wait_for(lambda: is_held(shared), holder, first)
         proc = _launch(second, "ddp", 1, env=env("second"))
