@@ -141,6 +141,13 @@ def test_the_registry_compares_publishes_and_rolls_back(executions, mlflow_serve
         filter_string=f"source_run_id = '{_run_id(better)}'",
     )
     assert sorted(m.name for m in logged) == ["model", "model_int8"]
+    # Each logged model carries the run's metrics (its page and the Models tab show them), though
+    # the run logs them after its models (flyscale/tracking/model_log.py link_metrics).
+    run_metrics = client.get_run(_run_id(better)).data.metrics
+    for model in logged:
+        linked = {m.key: m.value for m in model.metrics}
+        assert linked.keys() == run_metrics.keys(), (model.name, sorted(run_metrics.keys() - linked.keys()))
+        assert linked["test_accuracy"] == run_metrics["test_accuracy"]
 
     # Lineage on every version.
     v2 = client.get_model_version(MODEL, "2")

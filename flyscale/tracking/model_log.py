@@ -45,6 +45,23 @@ def log_model(files: ModelFiles, name: str, tmp: str):
         return mlflow.pyfunc.log_model(name=name, **model_args(files, name, tmp))
 
 
+def link_metrics(client, run_id: str, metrics: list, model_ids: list[str]) -> None:
+    """Give each logged model of the run a copy of `metrics` (MLflow Metrics: the run's step-0
+    metrics, logged after the models), as MLflow's log_model does for those already in the run:
+    the logged model's page and the Models tab show them. The copy keeps the metric's timestamp,
+    so the run's history holds it once, as MLflow's own copy does.
+
+    log_model reads back the whole history of every metric already in the run, one request a
+    metric and a model (about 200 for a run's 100 metrics and its two models, each a round trip to
+    the tracking server), so the run logs its models first, then its metrics, and links them
+    here: one request a model."""
+    from mlflow.entities import Metric
+
+    for model_id in model_ids:
+        copies = [Metric(m.key, m.value, m.timestamp, m.step, model_id=model_id) for m in metrics]
+        client.log_batch(run_id, metrics=copies)
+
+
 def save_model(files: ModelFiles, path: str, tmp: str) -> None:
     """The model as `log_model` logs it, saved to the folder `path` instead of a run."""
     import mlflow

@@ -133,8 +133,9 @@ def continued_run(client, history: TrainHistory) -> str:
     return history.mlflow_run_id if run.info.status == "RUNNING" else ""
 
 
-def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
-    """Params, per-epoch (unless logged live) and test metrics, tags and artifacts of the active run."""
+def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> list:
+    """Params, per-epoch (unless logged live) and test metrics, tags and artifacts of the active
+    run. Returns the metrics it logged at step 0 (MLflow Metrics, for `model_log.link_metrics`)."""
     import mlflow
 
     mlflow.set_tags(
@@ -159,22 +160,7 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     if record.config:
         mlflow.log_dict(record.config, "config.yaml")  # feed it back with `pyflyte run ... --cfg config.yaml`
     log_datasets(record.datasets)
-    for m in record.history.epochs if not epochs_logged else []:
-        # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
-        mlflow.log_metrics({k: float(v) for k, v in m.per_epoch().items() if v is not None}, step=m.epoch)
-    drift_threshold = float(record.config.get("data", {}).get("max_drift_psi") or 0.0)
-    mlflow.log_metrics(
-        {
-            **record.fp32.scalars("test_"),
-            **record.int8.scalars("int8_test_"),
-            **{_metric_name(k): v for k, v in record.metrics.items()},
-            **({"int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy} if record.fp32.classifier else {}),
-            "validation_total_rows": record.validation.total_rows,
-            "validation_valid_rows": record.validation.valid_rows,
-            "validation_quarantined_rows": record.validation.quarantined_rows,
-            **{_metric_name(k): v for k, v in drift_summary(record.validation.drift, drift_threshold).items()},
-        }
-    )
+    at_step_0 = _log_metrics(record, epochs_logged)
     if record.validation.drift:  # every feature's PSI, worst first: the metrics hold only a summary
         import pandas as pd
 
@@ -186,7 +172,6 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
     if record.history.workers:
         mlflow.set_tag("flyscale.workers", record.history.workers)
     if record.preflight.steps and record.preflight.checked:
-        mlflow.log_metric("preflight_max_rel_diff", record.preflight.max_rel_diff)
         mlflow.set_tag(
             "flyscale.preflight",
             f"passed: {record.preflight.steps} steps at world size 1 and {record.preflight.world_size}",
@@ -197,7 +182,6 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         mlflow.set_tag("flyscale.init_from", record.history.started_from)
     if record.history.stopping:  # early stopping: which epoch's weights these are, and why training ended
         mlflow.set_tag("flyscale.early_stopping", record.history.stopping)
-        mlflow.log_metric("kept_epoch", record.history.kept_epoch)
     for v in record.verdicts:
         mlflow.set_tag(f"gate.{v.name}", f"{'passed' if v.passed else 'failed'}: {v.reason}")
     for label, model in (("fp32", record.fp32), ("int8", record.int8)):
@@ -231,3 +215,38 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> None:
         mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
         if record.validation_dir:
             mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
+    return at_step_0
+
+
+def _log_metrics(record: RunRecord, epochs_logged: bool) -> list:
+    """The active run's metrics: each epoch's (unless logged live) and what the run measured of its
+    models and data; returns those at step 0. Logged as the run's own, by the client: MLflow's
+    fluent log_metrics would log a step-0 metric only to the models already logged in the run."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics: list[Metric] = []
+    for m in record.history.epochs if not epochs_logged else []:
+        # Everything measured is logged, NaN included (a divergence shows as one); None is "not measured".
+        metrics += [Metric(k, float(v), now, m.epoch) for k, v in m.per_epoch().items() if v is not None]
+    drift_threshold = float(record.config.get("data", {}).get("max_drift_psi") or 0.0)
+    final = {
+        **record.fp32.scalars("test_"),
+        **record.int8.scalars("int8_test_"),
+        **{_metric_name(k): v for k, v in record.metrics.items()},
+        **({"int8_accuracy_drop": record.fp32.accuracy - record.int8.accuracy} if record.fp32.classifier else {}),
+        "validation_total_rows": record.validation.total_rows,
+        "validation_valid_rows": record.validation.valid_rows,
+        "validation_quarantined_rows": record.validation.quarantined_rows,
+        **{_metric_name(k): v for k, v in drift_summary(record.validation.drift, drift_threshold).items()},
+    }
+    if record.preflight.steps and record.preflight.checked:
+        final["preflight_max_rel_diff"] = record.preflight.max_rel_diff
+    if record.history.stopping:
+        final["kept_epoch"] = record.history.kept_epoch
+    metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
+    mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
+    return [m for m in metrics if m.step == 0]
