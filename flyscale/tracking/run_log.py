@@ -248,5 +248,8 @@ def _log_metrics(record: RunRecord, epochs_logged: bool) -> list:
     if record.history.stopping:
         final["kept_epoch"] = record.history.kept_epoch
     metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
-    mlflow.MlflowClient().log_batch(mlflow.active_run().info.run_id, metrics=metrics)
+    active = mlflow.active_run()
+    if active is None:  # a caller's bug: log_run logs to the run it is called inside
+        raise RuntimeError("log_run needs an active MLflow run")
+    mlflow.MlflowClient().log_batch(active.info.run_id, metrics=metrics)
     return [m for m in metrics if m.step == 0]
