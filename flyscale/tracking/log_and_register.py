@@ -22,7 +22,7 @@ from flyscale.tracking.champion_reference import _version_of
 from flyscale.tracking.descriptions import Describer
 from flyscale.tracking.model_log import ModelFiles, link_metrics, log_model
 from flyscale.tracking.promotion import Promotion, promote
-from flyscale.tracking.run_log import RunRecord, continued_run, log_run
+from flyscale.tracking.run_log import RunRecord, continued_run, log_metrics, log_run
 from flyscale.tracking.store import (
     DATA_TAG,
     REFERENCE_TAG,
@@ -121,10 +121,11 @@ def _publish(
     )
     with mlflow.start_run(**run_args) as run, tempfile.TemporaryDirectory() as tmp:  # an exception ends it FAILED
         try:
+            log_run(record, passed)
             # Log both models before registering either: a failure here leaves no version behind.
-            # And before the run's own metrics: see link_metrics.
             infos = [log_model(fp32, "model", tmp), log_model(int8, "model_int8", tmp)]
-            at_step_0 = log_run(record, passed, epochs_logged=bool(live))
+            # The run's metrics after its models, linked to them here: see link_metrics.
+            at_step_0 = log_metrics(record, epochs_logged=bool(live))
             link_metrics(client, run.info.run_id, at_step_0, [info.model_id for info in infos])
             # Checked before training too (check_model); again here, as another kind may have been
             # registered under the name since.

@@ -133,9 +133,8 @@ def continued_run(client, history: TrainHistory) -> str:
     return history.mlflow_run_id if run.info.status == "RUNNING" else ""
 
 
-def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> list:
-    """Params, per-epoch (unless logged live) and test metrics, tags and artifacts of the active
-    run. Returns the metrics it logged at step 0 (MLflow Metrics, for `model_log.link_metrics`)."""
+def log_run(record: RunRecord, passed: bool) -> None:
+    """Params, tags and artifacts of the active run (its metrics: `log_metrics`)."""
     import mlflow
 
     mlflow.set_tags(
@@ -160,7 +159,6 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> list:
     if record.config:
         mlflow.log_dict(record.config, "config.yaml")  # feed it back with `pyflyte run ... --cfg config.yaml`
     log_datasets(record.datasets)
-    at_step_0 = _log_metrics(record, epochs_logged)
     if record.validation.drift:  # every feature's PSI, worst first: the metrics hold only a summary
         import pandas as pd
 
@@ -215,13 +213,13 @@ def log_run(record: RunRecord, passed: bool, epochs_logged: bool) -> list:
         mlflow.log_artifact(f"{tmp}/reference.json", artifact_path="data")
         if record.validation_dir:
             mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
-    return at_step_0
 
 
-def _log_metrics(record: RunRecord, epochs_logged: bool) -> list:
+def log_metrics(record: RunRecord, epochs_logged: bool) -> list:
     """The active run's metrics: each epoch's (unless logged live) and what the run measured of its
-    models and data; returns those at step 0. Logged as the run's own, by the client: MLflow's
-    fluent log_metrics would log a step-0 metric only to the models already logged in the run."""
+    models and data; returns those at step 0 (MLflow Metrics, for `model_log.link_metrics`).
+    Logged as the run's own, by the client: once the run holds models, MLflow's fluent
+    log_metrics logs a step-0 metric only to them."""
     import time
 
     import mlflow
@@ -249,7 +247,7 @@ def _log_metrics(record: RunRecord, epochs_logged: bool) -> list:
         final["kept_epoch"] = record.history.kept_epoch
     metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
     active = mlflow.active_run()
-    if active is None:  # a caller's bug: log_run logs to the run it is called inside
-        raise RuntimeError("log_run needs an active MLflow run")
+    if active is None:  # a caller's bug: it logs to the run it is called inside
+        raise RuntimeError("log_metrics needs an active MLflow run")
     mlflow.MlflowClient().log_batch(active.info.run_id, metrics=metrics)
     return [m for m in metrics if m.step == 0]
