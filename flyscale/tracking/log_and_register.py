@@ -125,7 +125,7 @@ def _publish(
             # Log both models before registering either: a failure here leaves no version behind.
             infos = [log_model(fp32, "model", tmp), log_model(int8, "model_int8", tmp)]
             # The run's metrics after its models, linked to them here: see link_metrics.
-            at_step_0 = log_metrics(record, epochs_logged=bool(live))
+            at_step_0 = log_metrics(client, run.info.run_id, record, epochs_logged=bool(live))
             link_metrics(client, run.info.run_id, at_step_0, [info.model_id for info in infos])
             # Checked before training too (check_model); again here, as another kind may have been
             # registered under the name since.

@@ -215,14 +215,13 @@ def log_run(record: RunRecord, passed: bool) -> None:
             mlflow.log_artifacts(record.validation_dir, artifact_path="data/validation")
 
 
-def log_metrics(record: RunRecord, epochs_logged: bool) -> list:
-    """The active run's metrics: each epoch's (unless logged live) and what the run measured of its
+def log_metrics(client, run_id: str, record: RunRecord, epochs_logged: bool) -> list:
+    """Run `run_id`'s metrics: each epoch's (unless logged live) and what the run measured of its
     models and data; returns those at step 0 (MLflow Metrics, for `model_log.link_metrics`).
     Logged as the run's own, by the client: once the run holds models, MLflow's fluent
     log_metrics logs a step-0 metric only to them."""
     import time
 
-    import mlflow
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
@@ -246,8 +245,5 @@ def log_metrics(record: RunRecord, epochs_logged: bool) -> list:
     if record.history.stopping:
         final["kept_epoch"] = record.history.kept_epoch
     metrics += [Metric(k, float(v), now, 0) for k, v in final.items()]
-    active = mlflow.active_run()
-    if active is None:  # a caller's bug: it logs to the run it is called inside
-        raise RuntimeError("log_metrics needs an active MLflow run")
-    mlflow.MlflowClient().log_batch(active.info.run_id, metrics=metrics)
+    client.log_batch(run_id, metrics=metrics)
     return [m for m in metrics if m.step == 0]
