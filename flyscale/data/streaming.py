@@ -61,7 +61,16 @@ def read_stored_unit(unit: Unit, reader: Reader) -> tuple[np.ndarray, np.ndarray
     return reader.read_stored(pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=reader.columns))
 
 
-class StreamingShards(IterableDataset):
+class ShufflesItself:
+    """What reshuffles itself for an epoch, where there is no sampler to reseed: the streamed
+    dataset, and the training batches that augment as they are drawn. `set_epoch` (flyscale.train.distributed)
+    tells these apart by this type."""
+
+    def set_epoch(self, epoch: int) -> None:
+        raise NotImplementedError
+
+
+class StreamingShards(IterableDataset, ShufflesItself):
     """Shuffled batches of `batch_size` rows for this rank, from row groups of Parquet shards."""
 
     def __init__(

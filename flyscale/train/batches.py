@@ -20,7 +20,7 @@ from flyscale.config import TrainConfig
 from flyscale.data import fields, shards
 from flyscale.data.augment import Augment
 from flyscale.data.shards import Shards
-from flyscale.data.streaming import Stream, StreamingShards, buffer_rows, unit_batches
+from flyscale.data.streaming import ShufflesItself, Stream, StreamingShards, buffer_rows, unit_batches
 from flyscale.data.tensors import to_tensors
 from flyscale.plugin.records import DatasetInfo
 from flyscale.train.distributed import DistContext, sampler_order, set_epoch
@@ -127,7 +127,6 @@ class TensorBatches:
     `set_epoch` reseeds `sampler` as it would a DataLoader's.
     """
 
-    dataset = None  # what distributed.set_epoch looks at first: nothing here reshuffles itself
     GATHER_BYTES = 64 * 2**20
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, sampler: Sampler, batch_size: int, drop_last: bool = False):
@@ -153,7 +152,7 @@ class TensorBatches:
                 yield xs[i : i + self.batch_size], ys[i : i + self.batch_size]
 
 
-class AugmentedBatches:
+class AugmentedBatches(ShufflesItself):
     """In-memory batches, each augmented as it is drawn, seeded by (epoch, rank, 0, batch): the
     same whatever the number of DataLoader workers (which gather the rows; the augmentation runs
     here). `set_epoch` reshuffles the batches underneath and moves the seeds on."""
@@ -161,7 +160,6 @@ class AugmentedBatches:
     def __init__(self, batches: TensorBatches | DataLoader, augment: Augment, rank: int):
         self.batches, self.augment, self.rank = batches, augment, rank
         self.epoch = 0
-        self.dataset = self  # what distributed.set_epoch looks at first
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import DistributedSampler, Sampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorDataset
 
+from flyscale.data.streaming import ShufflesItself
 from flyscale.plugin import registry
 
 T = TypeVar("T")
@@ -124,9 +125,10 @@ class DistContext:
 
 def set_epoch(loader: Any, epoch: int) -> None:
     """Reshuffle `loader` (a DataLoader or TensorBatches) for `epoch`: without this every epoch sees one order."""
-    if hasattr(loader.dataset, "set_epoch"):  # a streamed dataset shuffles itself
-        loader.dataset.set_epoch(epoch)
-        return
+    for own in (loader, loader.dataset if isinstance(loader, DataLoader) else None):
+        if isinstance(own, ShufflesItself):  # augmented batches, or a DataLoader of the streamed dataset
+            own.set_epoch(epoch)
+            return
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(epoch)
