@@ -93,6 +93,11 @@ def publish(
 def _publish(
     record, fp32: ModelFiles, int8: ModelFiles, cfg: MlflowConfig, name: str, register: bool, describe
 ) -> Registration:
+    """Log the run and its models, register and promote them, under one open MLflow run.
+
+    One function (about 60 statements) on purpose: the run must stay open from the first log to
+    the promotion, and every version this run created is undone by the one `except` around all of
+    it; split into helpers, each would have to hand back what it created for that undo."""
     import mlflow
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
