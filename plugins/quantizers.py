@@ -165,9 +165,8 @@ class OnnxDynamicOptions:
     per_channel: bool = False  # one scale per output channel instead of per tensor
     # Weights in 7 bits, not 8. ONNX Runtime multiplies uint8 activations by int8 weights with
     # AVX2's VPMADDUBSW wherever the CPU lacks VNNI, and that instruction saturates the sum of two
-    # products at int16: on such a CPU (an AMD EPYC with AVX2 only) a digits MLP's int8 logits
-    # were 8x further from fp32's and it lost two points of accuracy. 7-bit weights cannot
-    # saturate, on any CPU the model is later served on (ONNX Runtime's own advice).
+    # products at int16, costing accuracy (docs/training.md). 7-bit weights cannot saturate, on
+    # whatever CPU the model is later served on (ONNX Runtime's own advice).
     reduce_range: bool = True
 
 

@@ -124,11 +124,12 @@ class DistContext:
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
-    """Reshuffle `loader` (a DataLoader or TensorBatches) for `epoch`: without this every epoch sees one order."""
-    for own in (loader, loader.dataset if isinstance(loader, DataLoader) else None):
-        if isinstance(own, ShufflesItself):  # augmented batches, or a DataLoader of the streamed dataset
-            own.set_epoch(epoch)
-            return
+    """Reshuffle `loader` (a DataLoader, TensorBatches or AugmentedBatches) for `epoch`: without
+    this every epoch sees one order."""
+    own = loader.dataset if isinstance(loader, DataLoader) else loader
+    if isinstance(own, ShufflesItself):  # augmented batches, or a DataLoader of the streamed dataset
+        own.set_epoch(epoch)
+        return
     sampler = loader.sampler
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(epoch)
